@@ -1,0 +1,31 @@
+"""The one place that holds Numba's options for every kernel in ``refimpl``.
+
+* ``cache=True``: compiles take seconds; the cache makes the second process start fast.
+* ``error_model="numpy"``: IEEE semantics (``1/0 = inf``, ``0/0 = nan``), never an exception
+  (SPEC section 2). No ``fastmath``: the golden path keeps NaN and inf honest.
+* SLP vectorizer on, loop vectorizer off (before anything compiles): with Numba's defaults the
+  loop vectorizer splits the popcount panel into 128 reduction accumulators that spill, and the
+  kernel runs ~50x slower; SLP packs the named scalar accumulators into AVX-512 registers
+  (PERFORMANCE.md). Numba keeps SLP off by default because of a past miscompile (numba#8705):
+  every kernel compiled here has a bit-exact test against a naive reference.
+"""
+from __future__ import annotations
+
+import os
+
+import numba
+
+if "NUMBA_SLP_VECTORIZE" not in os.environ:
+    numba.config.SLP_VECTORIZE = 1
+if "NUMBA_LOOP_VECTORIZE" not in os.environ:
+    numba.config.LOOP_VECTORIZE = 0
+
+OPTIONS = dict(cache=True, error_model="numpy", fastmath=False)
+
+
+def jit(fn=None, **extra):
+    """``numba.njit`` with the project's options; ``jit(parallel=True)`` for drivers."""
+    options = {**OPTIONS, **extra}
+    if fn is None:
+        return lambda f: numba.njit(**options)(f)
+    return numba.njit(**options)(fn)

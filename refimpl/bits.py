@@ -1,0 +1,102 @@
+"""Bit conventions, defined once for the whole project (SPEC section 1).
+
+* ``sign(v) = +1 if v >= 0 else -1``: zero maps to +1.
+* A ``+1`` (or ``True``) is the bit 1, a ``-1`` (or ``False``) the bit 0.
+* Words are ``uint64``; element ``64*k + j`` of a packed axis is bit ``j`` (least significant
+  first) of word ``k``.
+* Tail bits past the end of the axis are 0. A 0 bit in a tail or padding word is harmless in
+  ``popcount(x & w)`` (the only popcount the kernels take); b, c and d come from the identities,
+  whose ``px``, ``pw`` and ``n`` are computed over real elements only.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.extending import intrinsic
+
+from ._jit import jit
+
+WORD_BITS = 64
+WORD_DTYPE = np.uint64
+
+
+@intrinsic
+def popcount(typingctx, x):
+    """``llvm.ctpop.i64``: LLVM turns it into ``popcnt``, or ``vpopcntq`` once SLP vectorizes."""
+    if x != types.uint64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.ctpop(args[0])
+
+    return types.uint64(types.uint64), codegen
+
+
+def n_words(length: int) -> int:
+    """Words needed for ``length`` bits."""
+    return (length + WORD_BITS - 1) // WORD_BITS
+
+
+def to_bits(x) -> np.ndarray:
+    """Boolean array of the bits of ``x``: booleans as they are, numbers by ``x >= 0``."""
+    x = np.asarray(x)
+    if x.dtype == np.bool_:
+        return x
+    if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
+        raise ValueError(f"cannot binarize an array of dtype {x.dtype}; give numbers or booleans")
+    return x >= 0
+
+
+def pack_bits(x, axis: int = -1) -> np.ndarray:
+    """Pack ``x`` (+-1 numbers or booleans) along ``axis`` into uint64 words, moved to the end.
+
+    The result has shape ``x.shape`` without ``axis``, plus ``n_words(x.shape[axis])`` at the end.
+    """
+    bits = np.moveaxis(to_bits(x), axis, -1)
+    length = bits.shape[-1]
+    nbytes = n_words(length) * 8
+    packed = np.packbits(bits, axis=-1, bitorder="little")
+    if packed.shape[-1] != nbytes:
+        pad = [(0, 0)] * (packed.ndim - 1) + [(0, nbytes - packed.shape[-1])]
+        packed = np.pad(packed, pad)
+    return np.ascontiguousarray(packed).view("<u8").astype(WORD_DTYPE, copy=False)
+
+
+def unpack_bits(words, length: int) -> np.ndarray:
+    """Inverse of ``pack_bits``: booleans of shape ``words.shape[:-1] + (length,)``."""
+    words = np.ascontiguousarray(words, dtype="<u8")
+    if length > words.shape[-1] * WORD_BITS:
+        raise ValueError(f"{words.shape[-1]} words hold at most {words.shape[-1] * WORD_BITS} bits, asked for {length}")
+    raw = np.unpackbits(words.view(np.uint8), axis=-1, bitorder="little")
+    return raw[..., :length].astype(bool)
+
+
+@jit(parallel=True)
+def _pack_nchw_kernel(x, out):
+    # x (N, C, P) with P = H*W; out (N, P, K) zeroed. Each image is one task; the inner loop runs
+    # along the contiguous pixel axis so it vectorizes.
+    n_img, channels, pixels = x.shape
+    for i in prange(n_img):
+        for ch in range(channels):
+            k = ch // 64
+            bit = np.uint64(1) << np.uint64(ch - 64 * k)
+            row = x[i, ch]
+            for p in range(pixels):
+                if row[p] >= 0:
+                    out[i, p, k] |= bit
+
+
+def pack_nchw(x) -> np.ndarray:
+    """Pack an NCHW activation (+-1 numbers or booleans) into NHWK words along channels."""
+    x = np.asarray(x)
+    if x.ndim != 4:
+        raise ValueError(f"expected an NCHW array, got shape {x.shape}")
+    n_img, channels, h, w = x.shape
+    if x.dtype == np.bool_:
+        x = x.view(np.int8) - np.int8(1)  # True -> 0 (a '+1' bit), False -> -1
+    elif not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
+        raise ValueError(f"cannot binarize an array of dtype {x.dtype}; give numbers or booleans")
+    out = np.zeros((n_img, h * w, n_words(channels)), dtype=WORD_DTYPE)
+    _pack_nchw_kernel(np.ascontiguousarray(x).reshape(n_img, channels, h * w), out)
+    return out.reshape(n_img, h, w, -1)

@@ -1,0 +1,54 @@
+"""The popcount GEMM ``a = sum popcount(x & w)`` of a convolution over packed words.
+
+Two kernels with one contract, selectable at run time:
+
+* ``simple``: one popcount per word pair, padded taps skipped by bounds. Obviously right; the
+  oracle the blocked kernel is tested against.
+* ``blocked``: see ``refimpl/blocked.py``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from ._jit import jit
+from .bits import popcount
+
+
+@jit(parallel=True)
+def _conv_simple(xp, wp, stride, padding, dilation, out_h, out_w, a):
+    n_img, h, w, k_words = xp.shape
+    n_out, kh, kw, _ = wp.shape
+    for r in prange(n_img * out_h):
+        i = r // out_h
+        oy = r - i * out_h
+        for ox in range(out_w):
+            for o in range(n_out):
+                total = np.int64(0)
+                for ty in range(kh):
+                    y = oy * stride[0] - padding[0] + ty * dilation[0]
+                    if y < 0 or y >= h:
+                        continue
+                    for tx in range(kw):
+                        x = ox * stride[1] - padding[1] + tx * dilation[1]
+                        if x < 0 or x >= w:
+                            continue
+                        for k in range(k_words):
+                            total += popcount(xp[i, y, x, k] & wp[o, ty, tx, k])
+                a[i, o, oy, ox] = total
+
+
+def popcount_conv2d(xp, wp, stride, padding, dilation, out_h, out_w, kernel="blocked"):
+    """int64 ``a`` of shape (N, O, Ho, Wo) from packed ``xp`` (N,H,W,K) and ``wp`` (O,KH,KW,K)."""
+    xp = np.ascontiguousarray(xp, dtype=np.uint64)
+    wp = np.ascontiguousarray(wp, dtype=np.uint64)
+    a = np.empty((xp.shape[0], wp.shape[0], out_h, out_w), dtype=np.int64)
+    if kernel == "simple":
+        _conv_simple(xp, wp, stride, padding, dilation, out_h, out_w, a)
+    elif kernel == "blocked":
+        from . import blocked
+
+        blocked.conv(xp, wp, stride, padding, dilation, out_h, out_w, a)
+    else:
+        raise ValueError(f"unknown kernel {kernel!r}; valid kernels are 'blocked' and 'simple'")
+    return a

@@ -1,0 +1,147 @@
+"""``Genome``: seven operator codes ``U1 U2 U3 U4 B1 B2 B3`` (SPEC sections 2, 3 and 8).
+
+    a' = U1(a)   d' = U2(d)   b' = U3(b)   c' = U4(c)
+    y  = B3( B1(a', d'), B2(b', c') )
+"""
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from dataclasses import dataclass
+
+from . import formula as _formula
+from .operators import BINARY, N_BINARY, N_UNARY, UNARY, UNARY_SLOT_INPUTS
+
+SLOT_NAMES = ("U1", "U2", "U3", "U4", "B1", "B2", "B3")
+
+# The paper's Table "Promising Similarity Measures", encoded (SPEC section 4). Binary code 6 is
+# y/x, so "B3 = y/x" puts B1(a', d') in the denominator. M6's b'*sigmoid(c') is binary code 10,
+# M9's b'/(c'*(a'+d')) is (b'/c') / (a'+d'), i.e. B2 = x/y and B3 = y/x.
+PAPER_MEASURES: dict[str, str] = {
+    "baseline": "0-0-0-0-0-0-1",
+    "M1": "3-0-3-0-0-1-6",
+    "M2": "3-0-3-8-0-0-6",
+    "M3": "3-0-3-0-0-0-6",
+    "M4": "3-0-3-6-0-1-6",
+    "M5": "3-14-0-11-0-1-6",
+    "M6": "3-0-3-0-0-10-6",
+    "M7": "3-15-3-0-0-0-4",
+    "M8": "3-0-3-13-0-0-6",
+    "M9": "3-2-3-10-0-4-6",
+    "M10": "3-2-3-8-0-0-6",
+}
+
+# Classic binary similarity measures the fixed graph expresses exactly.
+CLASSIC_MEASURES: dict[str, str] = {
+    "jaccard": "0-1-0-0-0-0-5",  # a / (a + b + c): U2 = 0 drops d, B3 = x/(x+y)
+    "sokal_michener": "0-0-0-0-0-0-5",  # (a + d) / n
+    "hamming": "0-0-0-0-0-0-7",  # normalized Hamming distance (b + c) / n
+}
+
+REGISTERED: dict[str, str] = {**PAPER_MEASURES, **CLASSIC_MEASURES}
+_REGISTERED_LOWER = {k.lower(): v for k, v in REGISTERED.items()}
+
+
+@dataclass(frozen=True, order=True)
+class Genome:
+    codes: tuple[int, int, int, int, int, int, int]
+
+    def __post_init__(self) -> None:
+        codes = tuple(self.codes)
+        if len(codes) != 7:
+            raise ValueError(f"a genome has 7 codes (U1 U2 U3 U4 B1 B2 B3), got {len(codes)}")
+        checked = []
+        for i, code in enumerate(codes):
+            try:
+                code = operator.index(code)  # ints and NumPy integers, not floats
+            except TypeError:
+                raise ValueError(f"genome code {SLOT_NAMES[i]} must be an integer, got {code!r}") from None
+            limit = N_UNARY if i < 4 else N_BINARY
+            kind = "unary" if i < 4 else "binary"
+            if not 0 <= code < limit:
+                raise ValueError(
+                    f"genome code {SLOT_NAMES[i]} (position {i + 1}) is {code}; "
+                    f"{kind} codes are 0..{limit - 1}"
+                )
+            checked.append(code)
+        object.__setattr__(self, "codes", tuple(checked))
+
+    # -- parsing ---------------------------------------------------------------------------------
+    @classmethod
+    def parse(cls, text: "str | Genome") -> "Genome":
+        """Parse canonical ``0-0-0-0-0-0-1``, the paper's ``0000001``, or a registered name."""
+        if isinstance(text, Genome):
+            return text
+        if not isinstance(text, str):
+            raise ValueError(f"a genome is given as text, got {type(text).__name__}")
+        s = text.strip()
+        if not s:
+            raise ValueError("empty genome text; expected e.g. '0-0-0-0-0-0-1', '0000001' or 'M1'")
+        if s.lower() in _REGISTERED_LOWER:
+            return cls.parse(_REGISTERED_LOWER[s.lower()])
+        if re.fullmatch(r"\d{7}", s):
+            return cls(tuple(int(ch) for ch in s))
+        if "-" in s:
+            parts = s.split("-")
+            if len(parts) != 7:
+                raise ValueError(
+                    f"genome {text!r} has {len(parts)} codes; expected 7 joined by '-' "
+                    "(U1-U2-U3-U4-B1-B2-B3)"
+                )
+            for i, p in enumerate(parts):
+                if not re.fullmatch(r"\d+", p):
+                    raise ValueError(
+                        f"genome {text!r}: code {SLOT_NAMES[i]} (position {i + 1}) is {p!r}, "
+                        "not a non-negative integer"
+                    )
+            return cls(tuple(int(p) for p in parts))
+        if re.fullmatch(r"\d+", s):
+            raise ValueError(
+                f"genome {text!r} has {len(s)} digits; the 7-digit form needs exactly 7 single-digit "
+                "codes (use '-' between codes, e.g. '3-14-0-11-0-1-6')"
+            )
+        names = ", ".join(REGISTERED)
+        raise ValueError(f"unknown genome {text!r}; give 7 codes like '0-0-0-0-0-0-1' or a name: {names}")
+
+    # -- views -----------------------------------------------------------------------------------
+    def __str__(self) -> str:
+        return "-".join(str(c) for c in self.codes)
+
+    def __repr__(self) -> str:
+        return f"Genome('{self}')"
+
+    @property
+    def unary(self) -> tuple[int, int, int, int]:
+        return self.codes[:4]
+
+    @property
+    def binary(self) -> tuple[int, int, int]:
+        return self.codes[4:]
+
+    @property
+    def name(self) -> str | None:
+        """The registered name of this genome, if it has one."""
+        for name, text in REGISTERED.items():
+            if text == str(self):
+                return name
+        return None
+
+    def uses_alpha(self) -> tuple[bool, bool, bool, bool]:
+        return tuple(UNARY[c].uses_alpha for c in self.unary)
+
+    def formula(self) -> str:
+        """The measure as a formula in a, b, c, d (alphas named alpha_a ... alpha_c)."""
+        slots = []
+        for code, count in zip(self.unary, UNARY_SLOT_INPUTS):
+            tree = _formula.parse(UNARY[code].formula)
+            slots.append(
+                _formula.substitute(
+                    tree, {"x": ast.Name(count), "alpha": ast.Name(f"alpha_{count}")}
+                )
+            )
+        a_, d_, b_, c_ = slots
+        u1, u2, u3 = (_formula.parse(BINARY[c].formula) for c in self.binary)
+        left = _formula.substitute(u1, {"x": a_, "y": d_})
+        right = _formula.substitute(u2, {"x": b_, "y": c_})
+        return _formula.render(_formula.substitute(u3, {"x": left, "y": right}))

@@ -1,0 +1,77 @@
+"""Evaluate a genome's measure on counts, in float64 or float32 (SPEC section 2)."""
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from ._jit import jit
+from ._numba_ops import binary_f32, binary_f64, unary_f32, unary_f64
+from .genome import Genome
+from .operators import UNARY
+
+_DTYPES = (np.float64, np.float32)
+
+
+def default_alpha(genome: Genome, channels: int, dtype=np.float64) -> np.ndarray:
+    """Alpha of shape (4, channels) at the SPEC's initial values (0 in slots that ignore it)."""
+    alpha = np.zeros((4, channels), dtype=dtype)
+    for slot, code in enumerate(genome.unary):
+        if UNARY[code].uses_alpha:
+            alpha[slot] = UNARY[code].alpha_init
+    return alpha
+
+
+def _make_kernel(unary, binary):
+    # One thread per (sample, channel) row, each writing its own output row: no sharing.
+    def kernel(codes, a, b, c, d, alpha, out):
+        rows, channels, size = a.shape
+        for r in prange(rows * channels):
+            i = r // channels
+            ch = r - i * channels
+            for s in range(size):
+                a_ = unary(codes[0], a[i, ch, s], alpha[0, ch])
+                d_ = unary(codes[1], d[i, ch, s], alpha[1, ch])
+                b_ = unary(codes[2], b[i, ch, s], alpha[2, ch])
+                c_ = unary(codes[3], c[i, ch, s], alpha[3, ch])
+                out[i, ch, s] = binary(codes[6], binary(codes[4], a_, d_), binary(codes[5], b_, c_))
+
+    return jit(parallel=True)(kernel)
+
+
+_measure_f64 = _make_kernel(unary_f64, binary_f64)
+_measure_f32 = _make_kernel(unary_f32, binary_f32)
+
+
+def measure(genome, a, b, c, d, alpha=None, dtype=np.float64) -> np.ndarray:
+    """``B3(B1(U1(a), U2(d)), B2(U3(b), U4(c)))`` elementwise, every step rounded to ``dtype``.
+
+    ``a, b, c, d``: counts of one shape ``(N, C, ...)``; ``alpha``: ``(4, C)`` (row i for slot
+    U(i+1)) or None for the initial values. IEEE semantics: NaN and inf pass through, nothing
+    raises (SPEC section 2).
+    """
+    g = Genome.parse(genome)
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(t) for t in _DTYPES):
+        raise ValueError(f"measure dtype must be float64 or float32, got {dtype}")
+    counts = [np.asarray(v) for v in (a, b, c, d)]
+    shape = counts[0].shape
+    for name, v in zip("abcd", counts):
+        if v.shape != shape:
+            raise ValueError(f"count {name} has shape {v.shape}, but a has {shape}; all four must match")
+        if not (np.issubdtype(v.dtype, np.integer) or np.issubdtype(v.dtype, np.floating)):
+            raise ValueError(f"count {name} must be numeric, got dtype {v.dtype}")
+    if len(shape) < 2:
+        raise ValueError(f"counts need shape (N, C, ...), got {shape}")
+    channels = shape[1]
+    if alpha is None:
+        alpha = default_alpha(g, channels, dtype)
+    else:
+        alpha = np.asarray(alpha)
+        if alpha.shape != (4, channels):
+            raise ValueError(f"alpha must have shape (4, {channels}) (one row per unary slot), got {alpha.shape}")
+    alpha = np.ascontiguousarray(alpha, dtype=dtype)
+    flat = [np.ascontiguousarray(v.reshape(shape[0], channels, -1), dtype=dtype) for v in counts]
+    out = np.empty_like(flat[0])
+    kernel = _measure_f64 if dtype == np.float64 else _measure_f32
+    kernel(np.array(g.codes, dtype=np.int64), *flat, alpha, out)
+    return out.reshape(shape)
