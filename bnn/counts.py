@@ -1,0 +1,243 @@
+"""Contingency counts a, b, c, d in PyTorch, differentiable (SPEC sections 1 and 6).
+
+Public contract, as ``refimpl``: ``x`` and ``w`` hold +-1 values (the outputs of ``ste_sign``).
+Inside, the counts are taken over the 0/1 relaxations ``xb = (1 + x) / 2`` and
+``wb = (1 + w) / 2``, so they are bilinear in ``x`` and ``w`` and gradients flow through them;
+``d counts / d x = (d counts / d xb) / 2``. Values other than +-1 give the bilinear extension,
+not a binarization: binarize first.
+
+Returns float tensors (N, O, Ho, Wo) for a convolution, (N, M) for a dense layer, in the
+input's dtype (float32 when the input is float16/bfloat16: half precision would round counts
+above 2048 or 256, SPEC section 1).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# ----------------------------------------------------------------------------------------------
+# The algebra, for one output position of a convolution (a dense layer is the 1x1 case).
+#
+# Let T be the set of in-bounds taps of the window (padded taps excluded) and C the channels.
+# Over the vectors xb[c, t], wb[c, t] for t in T:
+#
+#     a  = sum xb * wb                 = conv2d(xb, wb)        (zero padding: a padded tap has
+#                                                               xb = 0 and adds nothing)
+#     px = sum xb                      = conv2d(sum_c xb, ones(kh, kw))        shape (N, 1, Ho, Wo)
+#     pw = sum wb                      = conv2d(mask, sum_c wb)                shape (1, O, Ho, Wo)
+#     n  = C * |T|                     = C * conv2d(mask, ones(kh, kw))        shape (1, 1, Ho, Wo)
+#
+# where mask = ones(1, 1, H, W), zero-padded like the input, so px, pw and n see only real
+# taps. Then, because every real tap is in exactly one of the four cells,
+#
+#     b = sum (1 - xb) * wb       = pw - a
+#     c = sum xb * (1 - wb)       = px - a
+#     d = sum (1 - xb)(1 - wb)    = n - px - pw + a  = (n - pw) - c
+#
+# The last form costs one full-size pass, as b and c do: (n - pw) is (1, O, Ho, Wo), small.
+# A padded tap has xb = 0 in the conv of a, but 1 - xb would be 1 there; computing b, c, d
+# from the window sums (not from convolutions of 1 - xb) is what keeps padded taps out of
+# all four counts.
+#
+# Backward, with incoming gradients ga, gb, gc, gd (None counts as zero):
+#
+#     dL/da  = ga - gb - gc + gd                                   full size
+#     dL/dpx = sum_O (gc - gd)                                     (N, 1, Ho, Wo)
+#     dL/dpw = sum_N (gb - gd)                                     (1, O, Ho, Wo)
+#     dL/dxb = conv_input(dL/da, wb) + broadcast_C(conv_input(dL/dpx, ones))
+#     dL/dwb = conv_weight(xb, dL/da) + broadcast_C(conv_weight(mask, dL/dpw))
+#
+# and dL/dx = dL/dxb / 2, dL/dw = dL/dwb / 2. The 1/2 for x is folded into the (small) weight
+# operand of the input-gradient convolution, so no extra pass over a full-size tensor is
+# needed. Writing the backward by hand (not letting autograd trace the identities) is what
+# keeps the elementwise passes over the four count tensors to a minimum: autograd would keep
+# the broadcasts of px, pw and their sums as separate passes (PERFORMANCE.md: 2.3x of a plain
+# conv with autograd, most of it elementwise).
+#
+# Exactness: the counts are integers below 2**24, exact in float32 for any summation order.
+# But a convolution algorithm may not be a sum of products (Winograd, FFT; cuDNN and NNPACK
+# have them). So ``a`` is rounded in place in the forward; the custom backward ignores the
+# rounding, which is the straight-through gradient. Rounding costs one pass over ``a``; it is
+# done on every device, because which algorithm the CPU backend picks (oneDNN, NNPACK, the
+# slow path) depends on shapes and build flags we do not control.
+# ----------------------------------------------------------------------------------------------
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _pair(value, name: str) -> tuple[int, int]:
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
+        return int(value[0]), int(value[1])
+    return int(value), int(value)
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    if t.dtype in _HALF:
+        return torch.float32
+    if not t.dtype.is_floating_point:
+        raise ValueError(f"counts need floating tensors of +-1 values, got dtype {t.dtype}")
+    return t.dtype
+
+
+def _no_autocast(device: torch.device):
+    # Under autocast, conv2d would run (and return) in fp16/bf16 and round the counts.
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
+class _CountsConv2d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, stride, padding, dilation):
+        dtype = _compute_dtype(x)
+        with _no_autocast(x.device):
+            xb = (x.to(dtype) + 1) * 0.5
+            wb = (w.to(dtype) + 1) * 0.5
+            kh, kw = wb.shape[2:]
+            conv = dict(stride=stride, padding=padding, dilation=dilation)
+            a = F.conv2d(xb, wb, **conv)
+            a.round_()
+            ones_k = torch.ones((1, 1, kh, kw), dtype=dtype, device=x.device)
+            mask = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=dtype, device=x.device)
+            xsum = xb.sum(1, keepdim=True)
+            wsum = wb.sum(1, keepdim=True)
+            px = F.conv2d(xsum, ones_k, **conv).round_()
+            pw = F.conv2d(mask, wsum, **conv).round_()
+            n = F.conv2d(mask, ones_k, **conv).round_().mul_(x.shape[1])
+            b = pw - a
+            c = px - a
+            d = (n - pw) - c
+        ctx.save_for_backward(xb, wb, xsum, ones_k, mask, wsum)
+        ctx.conv = (stride, padding, dilation)
+        ctx.in_dtypes = (x.dtype, w.dtype)
+        return a, b, c, d
+
+    @staticmethod
+    def backward(ctx, ga, gb, gc, gd):
+        xb, wb, xsum, ones_k, mask, wsum = ctx.saved_tensors
+        stride, padding, dilation = ctx.conv
+        need_x, need_w = ctx.needs_input_grad[:2]
+        g_a, g_px, g_pw = _count_grads(ga, gb, gc, gd, image_dim=0, unit_dim=1)
+        conv_args = (list(stride), list(padding), list(dilation), False, [0, 0], 1)
+        grad_x = grad_w = None
+        with _no_autocast(xb.device):
+            if g_a is not None:
+                # Half of wb as the weight: dL/dx = dL/dxb / 2 at no full-size cost.
+                gx, gw, _ = torch.ops.aten.convolution_backward(
+                    g_a, xb, wb * 0.5, None, *conv_args, [need_x, need_w, False]
+                )
+                grad_x = gx
+                grad_w = gw.mul_(0.5) if gw is not None else None
+            if need_x and g_px is not None:
+                gxs, _, _ = torch.ops.aten.convolution_backward(
+                    g_px, xsum, ones_k * 0.5, None, *conv_args, [True, False, False]
+                )
+                grad_x = gxs.expand_as(xb) if grad_x is None else grad_x.add_(gxs)
+            if need_w and g_pw is not None:
+                _, gws, _ = torch.ops.aten.convolution_backward(
+                    g_pw, mask, wsum, None, *conv_args, [False, True, False]
+                )
+                gws.mul_(0.5)
+                grad_w = gws.expand_as(wb) if grad_w is None else grad_w.add_(gws)
+        if grad_x is not None:
+            grad_x = grad_x.to(ctx.in_dtypes[0]) if need_x else None
+        if grad_w is not None:
+            grad_w = grad_w.to(ctx.in_dtypes[1]) if need_w else None
+        return grad_x, grad_w, None, None, None
+
+
+def _count_grads(ga, gb, gc, gd, image_dim: int, unit_dim: int):
+    """dL/da (full size), dL/dpx (summed over units), dL/dpw (summed over images)."""
+    # dL/da = (ga + gd) - (gb + gc), built in place in one fresh buffer.
+    g_a = None
+    for g, sign in ((ga, 1), (gd, 1), (gb, -1), (gc, -1)):
+        if g is None:
+            continue
+        if g_a is None:
+            g_a = g.clone() if sign > 0 else -g
+        elif sign > 0:
+            g_a.add_(g)
+        else:
+            g_a.sub_(g)
+    # Sums read the full-size gradients once and write only small tensors.
+    g_px = _diff_of_sums(gc, gd, unit_dim)
+    g_pw = _diff_of_sums(gb, gd, image_dim)
+    return g_a, g_px, g_pw
+
+
+def _diff_of_sums(plus, minus, dim):
+    if plus is None and minus is None:
+        return None
+    if minus is None:
+        return plus.sum(dim, keepdim=True)
+    if plus is None:
+        return -minus.sum(dim, keepdim=True)
+    return plus.sum(dim, keepdim=True).sub_(minus.sum(dim, keepdim=True))
+
+
+class _CountsDense(torch.autograd.Function):
+    # The 1x1 case of the algebra above: px = row sums of xb, pw = row sums of wb, n = K.
+    @staticmethod
+    def forward(ctx, x, w):
+        dtype = _compute_dtype(x)
+        with _no_autocast(x.device):
+            xb = (x.to(dtype) + 1) * 0.5
+            wb = (w.to(dtype) + 1) * 0.5
+            a = (xb @ wb.t()).round_()
+            px = xb.sum(1, keepdim=True)
+            pw = wb.sum(1).unsqueeze(0)
+            b = pw - a
+            c = px - a
+            d = (x.shape[1] - pw) - c
+        ctx.save_for_backward(xb, wb)
+        ctx.in_dtypes = (x.dtype, w.dtype)
+        return a, b, c, d
+
+    @staticmethod
+    def backward(ctx, ga, gb, gc, gd):
+        xb, wb = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad
+        g_a, g_px, g_pw = _count_grads(ga, gb, gc, gd, image_dim=0, unit_dim=1)
+        grad_x = grad_w = None
+        with _no_autocast(xb.device):
+            if need_x:
+                grad_x = torch.zeros_like(xb) if g_a is None else g_a @ (wb * 0.5)
+                if g_px is not None:
+                    grad_x.add_(g_px * 0.5)
+                grad_x = grad_x.to(ctx.in_dtypes[0])
+            if need_w:
+                grad_w = torch.zeros_like(wb) if g_a is None else g_a.t() @ (xb * 0.5)
+                if g_pw is not None:
+                    grad_w.add_(g_pw.t() * 0.5)
+                grad_w = grad_w.to(ctx.in_dtypes[1])
+        return grad_x, grad_w
+
+
+def counts_conv2d(x: torch.Tensor, w: torch.Tensor, stride=1, padding=0, dilation=1):
+    """a, b, c, d of a binary 2-D convolution (cross-correlation): x NCHW, w OIHW, +-1 values.
+
+    Padded taps count in none of a, b, c, d. Four float tensors (N, O, Ho, Wo), differentiable.
+    """
+    if x.dim() != 4:
+        raise ValueError(f"x must be NCHW (4-D), got shape {tuple(x.shape)}")
+    if w.dim() != 4:
+        raise ValueError(f"w must be OIHW (4-D), got shape {tuple(w.shape)}")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"x has {x.shape[1]} channels but w expects {w.shape[1]} (groups=1 only)")
+    stride, padding, dilation = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
+    if min(stride) < 1 or min(dilation) < 1:
+        raise ValueError(f"stride and dilation must be >= 1, got stride={stride}, dilation={dilation}")
+    if min(padding) < 0:
+        raise ValueError(f"padding must be >= 0, got {padding}")
+    _compute_dtype(x)
+    return _CountsConv2d.apply(x, w, stride, padding, dilation)
+
+
+def counts_dense(x: torch.Tensor, w: torch.Tensor):
+    """a, b, c, d of a binary dense layer: x (N, K), w (M, K), +-1 values -> four (N, M)."""
+    if x.dim() != 2 or w.dim() != 2:
+        raise ValueError(f"x must be (N, K) and w (M, K); got shapes {tuple(x.shape)} and {tuple(w.shape)}")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"x rows have {x.shape[1]} elements but w rows have {w.shape[1]}")
+    _compute_dtype(x)
+    return _CountsDense.apply(x, w)

@@ -1,0 +1,98 @@
+"""Binary layers: sign with straight-through estimators, counts, measure (SPEC section 6).
+
+BatchNorm is not part of the layer; the models put it after.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from refimpl.genome import Genome
+
+from .counts import counts_conv2d, counts_dense
+from .measure import default_alpha, measure
+
+
+def sign(x: torch.Tensor) -> torch.Tensor:
+    """+1 where ``x >= 0``, else -1: zero maps to +1 (unlike ``torch.sign``; SPEC section 1)."""
+    return torch.where(x >= 0, 1.0, -1.0).to(x.dtype)
+
+
+class _SteSign(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, clip_value):
+        ctx.clip_value = clip_value
+        if clip_value is not None:
+            ctx.save_for_backward(x)
+        return sign(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.clip_value is None:
+            return grad, None
+        (x,) = ctx.saved_tensors
+        return grad * (x.abs() <= ctx.clip_value).to(grad.dtype), None
+
+
+def ste_sign(x: torch.Tensor, clip_value: float | None = 1.0) -> torch.Tensor:
+    """``sign(x)`` forward; backward passes the gradient where ``|x| <= clip_value``.
+
+    ``clip_value=1.0`` is the clipped identity used for activations, ``None`` the plain identity
+    used for weights (SPEC section 6).
+    """
+    if clip_value is not None and not clip_value > 0:
+        raise ValueError(f"clip_value must be a positive number or None, got {clip_value!r}")
+    return _SteSign.apply(x, clip_value)
+
+
+class _BinaryMeasureLayer(nn.Module):
+    def _init_measure(self, measure_spec, out_units: int) -> None:
+        self.genome = Genome.parse(measure_spec)
+        # One alpha row per unary slot; rows of slots whose operator ignores alpha stay at 0 and
+        # get no gradient.
+        self.alpha = nn.Parameter(default_alpha(self.genome, out_units))
+
+    def _measure(self, a, b, c, d):
+        return measure(self.genome, a, b, c, d, self.alpha)
+
+
+class BinaryConv2d(_BinaryMeasureLayer):
+    """``measure(counts(sign(x), sign(w)))``; no bias, no BatchNorm (the model adds it)."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, measure="baseline"):
+        super().__init__()
+        kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.stride, self.padding, self.dilation = (kh, kw), stride, padding, dilation
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels, kh, kw))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Conv2d's initialization
+        self._init_measure(measure, out_channels)
+
+    def forward(self, x):
+        counts = counts_conv2d(
+            ste_sign(x, 1.0), ste_sign(self.weight, None), self.stride, self.padding, self.dilation
+        )
+        return self._measure(*counts)
+
+    def extra_repr(self):
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"padding={self.padding}, dilation={self.dilation}, measure='{self.genome}'"
+        )
+
+
+class BinaryLinear(_BinaryMeasureLayer):
+    def __init__(self, in_features, out_features, measure="baseline"):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        self._init_measure(measure, out_features)
+
+    def forward(self, x):
+        return self._measure(*counts_dense(ste_sign(x, 1.0), ste_sign(self.weight, None)))
+
+    def extra_repr(self):
+        return f"{self.in_features}, {self.out_features}, measure='{self.genome}'"

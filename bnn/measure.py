@@ -1,0 +1,96 @@
+"""The measure graph in PyTorch, derived from ``refimpl.operators`` (SPEC section 2).
+
+There is no second operator table here: each row's formula text is compiled once and evaluated
+with the names of ``refimpl.operators.FUNCTIONS`` bound to torch functions. IEEE semantics as
+torch has them (``log(0) = -inf``, ``0/0 = nan``); nothing is clamped.
+"""
+from __future__ import annotations
+
+import torch
+
+from refimpl.genome import Genome
+from refimpl.operators import BINARY, FUNCTIONS, UNARY
+
+# torch.maximum/minimum propagate NaN, as the Numba evaluator's nan_max/nan_min do.
+TORCH_FUNCTIONS = {
+    "exp": torch.exp,
+    "log": torch.log,
+    "sqrt": torch.sqrt,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "tan": torch.tan,
+    "atan": torch.atan,
+    "erf": torch.erf,
+    "erfc": torch.erfc,
+    "abs": torch.abs,
+    "max": torch.maximum,
+    "min": torch.minimum,
+}
+if set(TORCH_FUNCTIONS) != set(FUNCTIONS):
+    raise ImportError(
+        f"bnn.measure binds {sorted(TORCH_FUNCTIONS)} but the operator table uses {sorted(FUNCTIONS)}"
+    )
+
+_GLOBALS = {"__builtins__": {}, **TORCH_FUNCTIONS}
+_UNARY_CODE = tuple(compile(op.formula, f"<unary {op.code} {op.name}>", "eval") for op in UNARY)
+_BINARY_CODE = tuple(compile(op.formula, f"<binary {op.code} {op.name}>", "eval") for op in BINARY)
+
+
+def unary(code: int, x: torch.Tensor, alpha: torch.Tensor | None = None) -> torch.Tensor:
+    """Unary operator ``code`` on ``x``; ``alpha`` broadcasts against ``x`` (per channel)."""
+    out = eval(_UNARY_CODE[code], _GLOBALS, {"x": x, "alpha": alpha})
+    # '0' and 'alpha' do not read x; the result still has x's shape and dtype (code 1 is a real
+    # zero, so 0/0 downstream is NaN as in the Numba path).
+    if not isinstance(out, torch.Tensor):
+        return torch.full_like(x, out)
+    if out.shape != x.shape or out.dtype != x.dtype:
+        out = out.to(x.dtype).expand(x.shape)
+    return out
+
+
+def binary(code: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return eval(_BINARY_CODE[code], _GLOBALS, {"x": x, "y": y})
+
+
+def default_alpha(genome, channels: int, dtype=None, device=None) -> torch.Tensor:
+    """Alpha (4, channels) at the table's initial values; 0 in slots whose operator ignores it."""
+    g = Genome.parse(genome)
+    alpha = torch.zeros((4, channels), dtype=dtype, device=device)
+    for slot, code in enumerate(g.unary):
+        if UNARY[code].uses_alpha:
+            alpha[slot] = UNARY[code].alpha_init
+    return alpha
+
+
+def measure(genome, a, b, c, d, alpha=None) -> torch.Tensor:
+    """``B3(B1(U1(a), U2(d)), B2(U3(b), U4(c)))`` elementwise on counts of shape (N, C, ...).
+
+    ``alpha``: (4, C), row i for slot U(i+1), broadcast over N and the spatial dims; None means
+    the table's initial values. Integer counts are converted to torch's default float dtype.
+    """
+    g = Genome.parse(genome)
+    counts = [torch.as_tensor(v) for v in (a, b, c, d)]
+    shape = counts[0].shape
+    for name, v in zip("abcd", counts):
+        if v.shape != shape:
+            raise ValueError(f"count {name} has shape {tuple(v.shape)}, but a has {tuple(shape)}; all four must match")
+    if len(shape) < 2:
+        raise ValueError(f"counts need shape (N, C, ...), got {tuple(shape)}")
+    if not counts[0].dtype.is_floating_point:
+        counts = [v.to(torch.get_default_dtype()) for v in counts]
+    a, b, c, d = counts
+    channels = shape[1]
+    if alpha is None:
+        if any(g.uses_alpha()):
+            alpha = default_alpha(g, channels, dtype=a.dtype, device=a.device)
+    elif tuple(alpha.shape) != (4, channels):
+        raise ValueError(f"alpha must have shape (4, {channels}) (one row per unary slot), got {tuple(alpha.shape)}")
+    # Row i as (1, C, 1, ...) so it broadcasts over N and the spatial dims.
+    per_channel = (1, channels) + (1,) * (len(shape) - 2)
+    slots = []
+    for slot, (code, count) in enumerate(zip(g.unary, (a, d, b, c))):
+        row = alpha[slot].reshape(per_channel) if UNARY[code].uses_alpha else None
+        slots.append(unary(code, count, row))
+    a_, d_, b_, c_ = slots
+    b1, b2, b3 = g.binary
+    return binary(b3, binary(b1, a_, d_), binary(b2, b_, c_))
