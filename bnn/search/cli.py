@@ -1,0 +1,238 @@
+"""``python -m bnn.search``: the paper's GA search over similarity measures (see --help)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from . import journal as jr
+from .engine import SEARCH_FIELDS, Search, SearchConfig
+from .fitness import parse_fitness_spec
+from .ga import Thresholds
+
+# Presets. "digits" (no arguments) is sized to finish in under 10 minutes on 2 CPU cores with
+# the digits network; "paper" is the paper's setting (SPEC section 7).
+PRESETS = {
+    "digits": dict(dataset="digits", model="digits_net", epochs=4, population=6,
+                   # digits has 10 classes (chance 0.1, and a constant network can score ~0.12 on
+                   # a small validation split): thresholds above chance, raised as the search goes.
+                   thresholds=[0.3, 0.6], threshold_steps=[0, 20], max_evaluations=60, max_trainings=30,
+                   patience=None),
+    "paper": dict(dataset="cifar10", model="resnet18", epochs=15, population=30,
+                  thresholds=[0.11, 0.25, 0.35, 0.40], threshold_steps=[0, 100, 200, 300],
+                  max_evaluations=None, max_trainings=None, patience=200),
+}
+# Flags that only steer the run (allowed to change on --resume); the rest define the search.
+RUN_CONTROL = ("max_evaluations", "max_trainings", "patience", "workers", "backend", "ray_address",
+               "data_dir", "device")
+
+
+class CliError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, as argparse does, but without the usage block
+        raise CliError(message)
+
+
+def _floats(text):
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _ints(text):
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _positive(text):
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m bnn.search",
+        description="Search similarity measures for BNNs with the paper's genetic algorithm (Algorithm 1). "
+                    "With no arguments: a small search on the embedded digits data set (a few minutes on a CPU).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    a = p.add_argument
+    a("--preset", choices=sorted(PRESETS), default="digits",
+      help="digits: small CPU search; paper: CIFAR-10, ResNet-18, S=30, 15 epochs, the paper's thresholds, all GPUs")
+    g = p.add_argument_group("search")
+    g.add_argument("--population", type=_positive, help="population size S (paper: 30)")
+    g.add_argument("--seed", type=int, help="GA seed (default 0)")
+    g.add_argument("--thresholds", type=_floats, help="early-rejection thresholds T as fractions, e.g. 0.11,0.25,0.35,0.40")
+    g.add_argument("--threshold-steps", type=_ints,
+                   help="evaluation index at which each threshold takes over, e.g. 0,100,200,300")
+    g.add_argument("--max-evaluations", type=_positive, help="stop after this many candidates (cache hits count)")
+    g.add_argument("--max-trainings", type=_positive, help="stop after this many trainings")
+    g.add_argument("--patience", type=_positive, help="stop after K consecutive children fail to enter the population")
+    g.add_argument("--paper-faithful", action="store_true",
+                   help="no cache, no functional equivalence, no screening: every candidate is trained")
+    g.add_argument("--no-cache", action="store_true", help="train genomes seen before again")
+    g.add_argument("--no-equivalence", action="store_true", help="do not reuse fitness of functionally equal measures")
+    g.add_argument("--no-screening", action="store_true", help="train constant and mostly non-finite measures too")
+    g.add_argument("--reuse", action="append", metavar="RUN_DIR", default=None,
+                   help="reuse trainings journaled by an earlier run of the same training setting (repeatable)")
+    t = p.add_argument_group("fitness training")
+    t.add_argument("--dataset", help="digits, cifar10, cifar100")
+    t.add_argument("--data-dir", help="directory with the CIFAR archives")
+    t.add_argument("--model", help="digits_net, resnet18, resnet34, vgg13, nin")
+    t.add_argument("--epochs", type=_positive, help="epochs of a full fitness training (paper: 15)")
+    t.add_argument("--batch-size", type=_positive, help="batch size (default 128)")
+    t.add_argument("--lr", type=float, help="Adam learning rate, constant (default 5e-3)")
+    t.add_argument("--val-size", type=float, help="validation split (count, or fraction if < 1)")
+    t.add_argument("--train-seed", type=int, help="seed of every fitness training (default 0)")
+    t.add_argument("--device", help="auto, cpu or cuda (default auto)")
+    t.add_argument("--fitness", help=argparse.SUPPRESS)  # testing: synthetic:SEED[,delay=S][,die_once=PATH]
+    r = p.add_argument_group("running")
+    r.add_argument("--workers", type=_positive, help="parallel workers (one per GPU; default: GPUs for --preset paper, else 1)")
+    r.add_argument("--backend", choices=("serial", "local", "ray"),
+                   help="serial (in process), local (worker processes), ray (actors; needs the [ray] extra)")
+    r.add_argument("--ray-address", help="address of an existing Ray cluster (default: start a local one)")
+    r.add_argument("--run-dir", help="where the journal and results go (default runs/search-DATASET-MODEL-TIME)")
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue the search journaled in RUN_DIR")
+    r.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last stdout line")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _config_from_args(args) -> tuple[SearchConfig, Path, bool]:
+    explicit = {f.name: getattr(args, f.name) for f in fields(SearchConfig)
+                if getattr(args, f.name, None) is not None}
+    if args.paper_faithful:
+        explicit.update(cache=False, equivalence=False, screening=False)
+    for flag, key in (("no_cache", "cache"), ("no_equivalence", "equivalence"), ("no_screening", "screening")):
+        if getattr(args, flag):
+            explicit[key] = False
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / jr.JOURNAL).exists():
+            raise CliError(f"--resume {run_dir}: no {jr.JOURNAL} there")
+        stored = Search.config_from_journal(run_dir)
+        for k, v in explicit.items():
+            if k in SEARCH_FIELDS and k in stored and stored[k] != v:
+                raise CliError(f"--resume: {k} is {stored[k]!r} in the journal; it cannot change to {v!r} "
+                               "(only run-control flags may: " + ", ".join(RUN_CONTROL) + ")")
+        known = {f.name for f in fields(SearchConfig)}
+        base = {k: v for k, v in stored.items() if k in known}
+        base.update({k: v for k, v in explicit.items() if k in RUN_CONTROL})
+        return SearchConfig(**base), run_dir, True
+    preset = dict(PRESETS[args.preset])
+    base = {**preset, **explicit}
+    if args.preset == "paper" and "workers" not in explicit:
+        from .engine import _visible_gpus
+
+        base["workers"] = max(1, len(_visible_gpus()))
+    cfg = SearchConfig(**{k: v for k, v in base.items() if k in {f.name for f in fields(SearchConfig)}})
+    if "threshold_steps" not in explicit and "thresholds" in explicit:
+        # New thresholds without steps: spread as the preset's steps if the count matches.
+        steps = preset.get("threshold_steps", [0])
+        cfg.threshold_steps = steps if len(steps) == len(cfg.thresholds) else (
+            [0] if len(cfg.thresholds) == 1 else None)
+        if cfg.threshold_steps is None:
+            raise CliError(f"--thresholds has {len(cfg.thresholds)} values; give --threshold-steps too")
+    if args.run_dir:
+        run_dir = Path(args.run_dir)
+    else:
+        run_dir = Path("runs") / f"search-{cfg.dataset}-{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if (run_dir / jr.JOURNAL).exists():
+        raise CliError(f"--run-dir {run_dir} already holds a search journal; use --resume {run_dir} to continue it")
+    return cfg, run_dir, False
+
+
+def _validate(cfg: SearchConfig) -> None:
+    Thresholds(cfg.thresholds, cfg.threshold_steps)
+    if cfg.population < 2:
+        raise CliError(f"--population must be at least 2, got {cfg.population}")
+    spec = parse_fitness_spec(cfg.fitness)
+    if cfg.backend == "serial" and cfg.workers > 1:
+        cfg.backend = "local"  # --workers N alone means local worker processes
+    if cfg.backend == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise CliError("--backend ray needs Ray: pip install 'bnn-measure-search[ray]'") from None
+    if cfg.device not in ("auto", "cpu", "cuda") and not cfg.device.startswith("cuda:"):
+        raise CliError(f"--device {cfg.device!r}: expected auto, cpu or cuda")
+    for d in cfg.reuse:
+        if not (Path(d) / jr.JOURNAL).exists():
+            raise CliError(f"--reuse {d}: no {jr.JOURNAL} there")
+    if spec["kind"] == "train":
+        _validate_training(cfg)
+
+
+def _validate_training(cfg: SearchConfig) -> None:
+    """Fail on a bad model, data set or data directory before any file is written."""
+    try:
+        import bnn.train as train_mod  # noqa: F401
+    except ImportError as exc:
+        raise CliError(f"the training code (bnn.train) is not available: {exc}") from None
+    check = getattr(train_mod, "validate_config", None)
+    if check is not None:
+        from bnn.train import TrainConfig
+
+        try:
+            check(TrainConfig(model=cfg.model, dataset=cfg.dataset, measure="baseline", epochs=cfg.epochs,
+                              batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.train_seed, device="cpu",
+                              data_dir=cfg.data_dir, val_size=cfg.val_size))
+        except (ValueError, FileNotFoundError, KeyError) as exc:
+            raise CliError(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)) from None
+
+
+def main(argv=None) -> int:
+    prog = "bnn.search"
+    try:
+        args = build_parser().parse_args(argv)
+        cfg, run_dir, resuming = _config_from_args(args)
+        _validate(cfg)
+        search = Search(cfg, run_dir, progress=not args.no_progress and not args.json,
+                        log=lambda m: print(m, file=sys.stderr))
+        search.load_reuse()
+        if resuming:
+            search.resume()
+        else:
+            search.start_new()
+    except (CliError, ValueError, jr.JournalError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    code = 0
+    try:
+        search.run()
+    except KeyboardInterrupt:
+        search.stop_reason = "interrupted (Ctrl-C); continue with --resume " + str(run_dir)
+        code = 130
+    return _report(search, args, code)
+
+
+def _report(search: Search, args, code: int) -> int:
+    from .report import leaderboard_text, write_plot, write_results
+
+    print(leaderboard_text(search), flush=True)
+    print(f"stopped: {search.stop_reason}", file=sys.stderr)
+    path = write_results(search)
+    print(f"wrote {path}", file=sys.stderr)
+    print(write_plot(search), file=sys.stderr)
+    if args.json:
+        print(json.dumps(search.summary(), separators=(",", ":")), flush=True)
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

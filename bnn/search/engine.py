@@ -1,0 +1,367 @@
+"""The search loop: GA + fitness cache + journal + evaluator + progress, and ``--resume``.
+
+Order of every step, chosen so that a SIGKILL at any instant loses nothing that replay cannot
+rebuild:
+
+1. ``ga.propose()``; the proposal is journaled, and fsynced before a training starts on it
+   (a cache hit writes proposal and result with one fsync: the journal stays a prefix of
+   the event sequence either way, and a lost suffix is simply redone on resume).
+2. Lookup (cache, equivalence, screening): a hit is finished at once; otherwise the job goes to
+   the evaluator (or, asynchronously, waits for an identical function already training).
+3. When a result comes back: ``ga.tell()``, then the result line is journaled.
+
+Resume reads the journal and feeds the same proposal/result sequence through a fresh
+``GeneticSearch`` with the same seed (each replayed proposal is checked against the journal), so
+the population, the threshold schedule position and the generator state are exactly those of
+the killed process. Proposals without a result are then dispatched again. Training is seeded
+and the synthetic fitness is a function of the genome, so a re-run job returns what the killed
+one would have: the resumed search ends exactly as an uninterrupted one (serial backend).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from refimpl import Genome
+
+from . import journal as jr
+from .fitness import FitnessCache, fitness_of, parse_fitness_spec
+from .ga import GeneticSearch, Thresholds
+
+# Fields that define what a search computes: fixed at start, taken from the journal on resume.
+SEARCH_FIELDS = ("dataset", "model", "epochs", "population", "seed", "thresholds", "threshold_steps",
+                 "batch_size", "lr", "val_size", "train_seed", "fitness", "cache", "equivalence",
+                 "screening", "reuse")
+# Fields that must match for another run's trainings to be reused (--reuse).
+TRAIN_FIELDS = ("dataset", "model", "epochs", "batch_size", "lr", "val_size", "train_seed", "fitness")
+
+
+@dataclass
+class SearchConfig:
+    dataset: str = "digits"
+    model: str = "digits_net"
+    epochs: int = 15
+    population: int = 30
+    seed: int = 0
+    thresholds: list = field(default_factory=lambda: [0.11, 0.25, 0.35, 0.40])
+    threshold_steps: list = field(default_factory=lambda: [0, 100, 200, 300])
+    batch_size: int = 128
+    lr: float = 5e-3
+    val_size: float | int | None = None
+    train_seed: int = 0
+    fitness: str = "train"
+    cache: bool = True
+    equivalence: bool = True
+    screening: bool = True
+    reuse: list = field(default_factory=list)
+    # run control: may change on --resume
+    max_evaluations: int | None = None
+    max_trainings: int | None = None
+    patience: int | None = None
+    workers: int = 1
+    backend: str = "serial"  # serial | local | ray
+    ray_address: str | None = None
+    data_dir: str | None = None
+    device: str = "auto"
+
+    def train_dict(self) -> dict:
+        return {"dataset": self.dataset, "model": self.model, "epochs": self.epochs,
+                "batch_size": self.batch_size, "lr": self.lr, "val_size": self.val_size,
+                "seed": self.train_seed, "data_dir": self.data_dir, "device": self.device}
+
+
+def _clean(v):
+    """JSON without NaN/inf (the journal refuses them): non-finite floats become None."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+class Search:
+    def __init__(self, cfg: SearchConfig, run_dir: Path, *, progress: bool = True, log=print):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.progress_enabled = progress
+        self.log = log
+        self.ga = GeneticSearch(cfg.population, Thresholds(cfg.thresholds, cfg.threshold_steps), cfg.seed)
+        self.cache = FitnessCache(cfg.cache, cfg.equivalence, cfg.screening)
+        self.results: dict[int, dict] = {}  # seq -> result event, in completion order
+        self.proposals: dict[int, dict] = {}
+        self.history: list[tuple[int, float, float]] = []  # (evaluations done, best, median)
+        self.trainings_started = 0
+        self.stop_reason: str | None = None
+        self.evaluator = None
+        self.journal: jr.Journal | None = None
+        self.parked: dict[str, list] = {}  # functional hash -> proposals waiting on its training
+        self.training_hash: dict[int, str] = {}  # seq -> hash of jobs at the evaluator
+        self.t_start = time.time()
+        self.busy_s = 0.0
+        self._bar = None
+
+    # -- setup -------------------------------------------------------------------------------------
+    def load_reuse(self) -> int:
+        n = 0
+        for d in self.cfg.reuse:
+            path = Path(d) / jr.JOURNAL
+            events, _ = jr.read(path)
+            start = events[0].get("config", {})
+            for k in TRAIN_FIELDS:
+                if start.get(k) != getattr(self.cfg, k):
+                    raise ValueError(f"--reuse {d}: its {k} is {start.get(k)!r}, this search's is "
+                                     f"{getattr(self.cfg, k)!r}; only trainings of the same setting are reused")
+            for e in events:
+                if e.get("type") == "result" and e.get("source") == "train":
+                    h = e.get("hash") or (self.cache.analysis(e["genome"]).hash if self.cache.use_equivalence else None)
+                    self.cache.record(e["genome"], e, h, reused=True)
+                    n += 1
+        return n
+
+    def start_new(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / jr.JOURNAL
+        self.journal = jr.Journal.create(path, {"version": 1, "time": time.time(), "config": asdict(self.cfg)})
+
+    @staticmethod
+    def config_from_journal(run_dir: Path) -> dict:
+        events, _ = jr.read(Path(run_dir) / jr.JOURNAL)
+        return events[0]["config"]
+
+    def resume(self) -> int:
+        """Replay the journal; returns how many proposals were in flight (re-dispatched by run)."""
+        path = self.run_dir / jr.JOURNAL
+        events, good = jr.read(path)
+        for e in events[1:]:
+            t = e.get("type")
+            if t == "proposal":
+                p = self.ga.propose()
+                if p.seq != e["seq"] or p.genome != e["genome"]:
+                    raise jr.JournalError(
+                        f"{path}: replay diverged at evaluation {e['seq']} (journal {e['genome']}, "
+                        f"replay {p.genome}); the journal was written by different code or settings")
+                self.proposals[p.seq] = p.to_dict()
+            elif t == "result":
+                self._apply_result(e, replay=True)
+        self.journal = jr.Journal.open_for_append(path, good)
+        self.journal.append({"type": "resume", "time": time.time(), "evaluations": len(self.results)})
+        # Trainings counted so far include those in flight, which are dispatched again below.
+        return len(self.ga.in_flight)
+
+    def _make_evaluator(self):
+        cfg = self.cfg
+        train = cfg.train_dict()
+        spec = parse_fitness_spec(cfg.fitness)
+        if cfg.backend == "ray":
+            from .evaluators import RayEvaluator
+
+            return RayEvaluator(cfg.fitness, train, cfg.workers if cfg.workers > 1 else None, cfg.ray_address)
+        gpus = _visible_gpus() if spec["kind"] == "train" and cfg.device in ("auto", "cuda") else []
+        if train["device"] == "auto":
+            train["device"] = "cuda" if gpus else "cpu"
+        if cfg.backend == "local" or cfg.workers > 1:
+            from .evaluators import LocalPoolEvaluator
+
+            return LocalPoolEvaluator(cfg.fitness, train, cfg.workers, gpus)
+        from .evaluators import SerialEvaluator
+
+        return SerialEvaluator(cfg.fitness, train)
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def run(self) -> str:
+        """Run until a stop condition; returns the stop reason. KeyboardInterrupt propagates after
+        the evaluator is closed (the journal is already consistent at every line)."""
+        self.evaluator = self._make_evaluator()
+        self._open_bar()
+        try:
+            for seq in sorted(self.ga.in_flight):  # resumed: what the killed process was running
+                self._dispatch(self.ga.in_flight[seq], journal=False)
+            while True:
+                while self._has_free_slot():
+                    reason = self._should_stop()
+                    if reason:
+                        self.stop_reason = self.stop_reason or reason
+                        break
+                    p = self.ga.propose()
+                    self.proposals[p.seq] = p.to_dict()
+                    self.journal.append(_clean({"type": "proposal", **p.to_dict()}), sync=False)
+                    self._dispatch(p, journal=True)
+                if not self.evaluator.outstanding:
+                    if any(self.parked.values()):  # cannot happen: parked jobs wait on an outstanding one
+                        raise RuntimeError("internal error: candidates wait on a training that is not running")
+                    break
+                for seq, res in self.evaluator.poll():
+                    self._finish_training(seq, res)
+            self.stop_reason = self.stop_reason or self._should_stop() or "done"
+            self.journal.append({"type": "end", "reason": self.stop_reason, "time": time.time()})
+            return self.stop_reason
+        finally:
+            self.busy_s = getattr(self.evaluator, "busy_s", 0.0)
+            self.evaluator.close()
+            if self._bar is not None:
+                self._bar.close()
+
+    def _has_free_slot(self) -> bool:
+        ev = self.evaluator
+        parked = sum(len(v) for v in self.parked.values())
+        return ev.outstanding < ev.slots and parked < ev.slots
+
+    def _should_stop(self) -> str | None:
+        cfg = self.cfg
+        if cfg.max_evaluations is not None and self.ga.next_seq >= cfg.max_evaluations:
+            return f"max evaluations ({cfg.max_evaluations})"
+        if cfg.max_trainings is not None and self.trainings_started >= cfg.max_trainings:
+            return f"max trainings ({cfg.max_trainings})"
+        if cfg.patience is not None and self.ga.children_failed_in_a_row >= cfg.patience:
+            return f"patience: {cfg.patience} children in a row did not enter the population"
+        return None
+
+    def _dispatch(self, p, journal: bool) -> None:
+        hit = self.cache.lookup(p.genome, p.threshold)
+        if hit is not None:
+            source, res, dup = hit
+            self._finish(p.seq, res, source, dup)
+            return
+        h = self.cache.fhash(p.genome) if self.cache.use_equivalence else None
+        key = h or p.genome
+        if self.cache.use_cache and key in self.training_hash.values():
+            # Asynchronous only: the same function is training on another worker right now;
+            # wait for it rather than train it twice.
+            self.parked.setdefault(key, []).append(p)
+            return
+        self.training_hash[p.seq] = key
+        self.trainings_started += 1
+        self.journal.sync()  # the proposal is durable before any work starts on it
+        self.evaluator.submit({"seq": p.seq, "genome": p.genome, "reject_below": p.threshold})
+
+    def _finish_training(self, seq: int, res: dict) -> None:
+        key = self.training_hash.pop(seq, None)
+        self._finish(seq, res, "train", None)
+        for p in self.parked.pop(key, []) if key else []:
+            self._dispatch(p, journal=False)
+
+    def _finish(self, seq: int, res: dict, source: str, dup: str | None) -> None:
+        p = self.ga.in_flight[seq]
+        event = {"type": "result", "seq": seq, "genome": p.genome, "kind": p.kind, "T": p.threshold,
+                 "source": source, "fitness": fitness_of(res)}
+        if dup:
+            event["duplicate_of"] = dup
+        for k in ("status", "val_acc", "val_acc_per_epoch", "test_acc", "epochs", "wall_s", "reason", "error"):
+            if res.get(k) is not None:
+                event[k] = res[k]
+        if source == "train" and self.cache.use_equivalence:
+            event["hash"] = self.cache.fhash(p.genome)
+        event["time"] = time.time()
+        self._apply_result(_clean(event), replay=False)
+
+    def _apply_result(self, e: dict, replay: bool) -> None:
+        seq = e["seq"]
+        if e.get("source") == "train":
+            self.cache.record(e["genome"], e, e.get("hash"))
+            if replay:
+                self.trainings_started += 1
+        out = self.ga.tell(seq, e["fitness"])
+        e["entered"], e["rank"] = out["entered"], out["rank"]
+        if not replay:
+            self.journal.append(e)  # after tell: "entered"/"rank" are part of the record
+        self.results[seq] = e
+        members = self.ga.members()
+        if members:
+            fits = [m.fitness for m in members]
+            self.history.append((len(self.results), fits[0], statistics.median(fits)))
+        self._tick(e)
+
+    # -- progress ----------------------------------------------------------------------------------
+    def _open_bar(self) -> None:
+        if not self.progress_enabled:
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return
+        self._bar = tqdm(total=self.cfg.max_evaluations, initial=len(self.results), unit="eval",
+                         desc="search", dynamic_ncols=True, leave=False)
+        self._tick(None)
+
+    def _tick(self, e) -> None:
+        if self._bar is None:
+            return
+        if e is not None:
+            self._bar.update(1)
+        s = self.summary_counts()
+        best = self.ga.members()[0].fitness if self.ga.members() else float("nan")
+        self._bar.set_postfix(best=f"{best:.4f}", trained=s["trainings"], rejected=s["rejected"],
+                              cached=s["saved_by_cache"] + s["saved_by_equivalence"],
+                              screened=s["saved_by_screening"], refresh=False)
+
+    # -- summary -----------------------------------------------------------------------------------
+    def summary_counts(self) -> dict:
+        src = [e.get("source") for e in self.results.values()]
+        st = [e.get("status") for e in self.results.values()]
+        return {
+            "evaluations": len(self.results),
+            "trainings": src.count("train"),
+            "saved_by_cache": src.count("cache") + src.count("reuse"),
+            "saved_by_reuse": src.count("reuse"),
+            "saved_by_equivalence": src.count("equivalent"),
+            "saved_by_screening": src.count("screened"),
+            "rejected": st.count("rejected"),
+            "diverged": st.count("diverged"),
+            "errors": st.count("error"),
+        }
+
+    def leaderboard(self) -> list[dict]:
+        rows = []
+        for rank, m in enumerate(self.ga.members(), 1):
+            e = self.results.get(m.seq, {})
+            g = Genome.parse(m.genome)
+            rows.append({"rank": rank, "genome": m.genome, "name": g.name, "formula": g.formula(),
+                         "fitness": m.fitness, "epochs": e.get("epochs"), "status": e.get("status"),
+                         "source": e.get("source"), "evaluation": m.seq})
+        return rows
+
+    def summary(self) -> dict:
+        board = self.leaderboard()
+        best = None
+        if board:
+            best = {k: board[0][k] for k in ("genome", "name", "formula", "fitness", "epochs")}
+        evals = len(self.results)
+        wall = time.time() - self.t_start
+        return _clean({
+            "best": best,
+            **self.summary_counts(),
+            "population_formed": self.ga.formed,
+            "stop_reason": self.stop_reason,
+            "threshold_now": self.ga.thresholds.at(self.ga.next_seq),
+            "wall_s": wall,
+            "engine_overhead_ms_per_evaluation": (1000 * (wall - self.busy_s) / evals) if evals else None,
+            "run_dir": str(self.run_dir),
+        })
+
+
+def _visible_gpus() -> list[str]:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [x for x in env.split(",") if x.strip() and x.strip() != "-1"]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001 - no torch or no CUDA: CPU workers
+        return []
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=1, allow_nan=False)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,240 @@
+"""Where candidates are trained, behind one small interface.
+
+``submit(job)`` hands a job (a dict with ``seq``, ``genome``, ``reject_below``) to a free slot;
+``poll()`` blocks until at least one finishes and returns ``[(seq, result), ...]``; ``slots`` is
+how many jobs may run at once. A result is always a dict (``Worker.run`` turns exceptions into
+``status: "error"``), so one bad candidate never stops the search.
+
+* ``SerialEvaluator``: in this process, one job at a time (the default; exactly Algorithm 1).
+* ``LocalPoolEvaluator``: N spawned processes, one per GPU through ``CUDA_VISIBLE_DEVICES``, each
+  loading the data set once. A worker process that dies is restarted and its job retried.
+* ``RayEvaluator``: one long-lived actor per GPU (or per CPU worker when the cluster has none);
+  Ray restarts a dead actor and retries the task on it.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import time
+
+from .fitness import Worker
+
+MAX_RETRIES = 2  # retries of one job after its worker process died (not after application errors)
+
+
+class SerialEvaluator:
+    slots = 1
+
+    def __init__(self, fitness_spec: str, train: dict):
+        self.worker = Worker(fitness_spec, train)
+        self.queue: list[dict] = []
+        self.busy_s = 0.0  # time spent inside the fitness function (to measure engine overhead)
+
+    def submit(self, job: dict) -> None:
+        self.queue.append(job)
+
+    def poll(self) -> list[tuple[int, dict]]:
+        job = self.queue.pop(0)
+        t0 = time.perf_counter()
+        res = self.worker.run(job)
+        self.busy_s += time.perf_counter() - t0
+        return [(job["seq"], res)]
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.queue)
+
+    def close(self) -> None:
+        pass
+
+
+# -- local worker processes ------------------------------------------------------------------------
+
+def _pool_main(fitness_spec, train, jobs, results):
+    # Runs in a spawned child whose CUDA_VISIBLE_DEVICES was set before it started, so the one
+    # GPU it sees is "cuda:0" and torch never initializes the others.
+    worker = Worker(fitness_spec, train)
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        results.put((job["seq"], worker.run(job)))
+
+
+class LocalPoolEvaluator:
+    def __init__(self, fitness_spec: str, train: dict, workers: int, gpus: list[str]):
+        self.ctx = mp.get_context("spawn")  # fork after torch/numba threads start is unsafe
+        self.spec, self.train, self.gpus = fitness_spec, dict(train), gpus
+        self.slots = workers
+        self.results = self.ctx.Queue()
+        self.procs: list = [None] * workers
+        self.inboxes: list = [None] * workers
+        self.running: list[dict | None] = [None] * workers
+        self.retries: dict[int, int] = {}
+        self.backlog: list[dict] = []  # jobs beyond the free workers (a resumed run may have more)
+        self.busy_s = 0.0
+        for i in range(workers):
+            self._start(i)
+
+    def _start(self, i: int) -> None:
+        env = {}
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[i % len(self.gpus)]
+        else:
+            # CPU workers share the cores: without this each would start one thread per core.
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.slots))
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)  # spawn copies os.environ at start()
+        try:
+            inbox = self.ctx.Queue()
+            p = self.ctx.Process(target=_pool_main, args=(self.spec, self.train, inbox, self.results), daemon=True)
+            p.start()
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.procs[i], self.inboxes[i] = p, inbox
+
+    @property
+    def outstanding(self) -> int:
+        return sum(j is not None for j in self.running) + len(self.backlog)
+
+    def submit(self, job: dict) -> None:
+        if None not in self.running:
+            self.backlog.append(job)
+            return
+        i = self.running.index(None)
+        self.running[i] = job
+        self.inboxes[i].put(job)
+
+    def poll(self) -> list[tuple[int, dict]]:
+        while True:
+            try:
+                seq, res = self.results.get(timeout=1.0)
+            except queue.Empty:
+                self._check_dead()
+                continue
+            out = [(seq, res)]
+            while True:  # drain whatever else finished meanwhile
+                try:
+                    out.append(self.results.get_nowait())
+                except queue.Empty:
+                    break
+            for s, r in out:
+                for i, j in enumerate(self.running):
+                    if j is not None and j["seq"] == s:
+                        self.running[i] = None
+                self.busy_s += float(r.get("wall_s") or 0.0)
+            while self.backlog and None in self.running:
+                self.submit(self.backlog.pop(0))
+            return out
+
+    def _check_dead(self) -> None:
+        for i, p in enumerate(self.procs):
+            if p.is_alive():
+                continue
+            job = self.running[i]
+            self._start(i)
+            if job is None:
+                continue
+            n = self.retries.get(job["seq"], 0)
+            if n < MAX_RETRIES:
+                self.retries[job["seq"]] = n + 1
+                self.inboxes[i].put(job)
+            else:
+                self.running[i] = None
+                self.results.put((job["seq"], {"status": "error", "val_acc": None, "val_acc_per_epoch": [],
+                                               "epochs": 0, "error": f"worker process died {n + 1} times"}))
+
+    def close(self) -> None:
+        for i, p in enumerate(self.procs):
+            if p is not None and p.is_alive():
+                try:
+                    self.inboxes[i].put(None)
+                except Exception:  # noqa: BLE001 - best effort at shutdown
+                    pass
+        deadline = time.time() + 5
+        for p in self.procs:
+            if p is not None:
+                p.join(max(0.0, deadline - time.time()))
+                if p.is_alive():
+                    p.kill()
+
+
+# -- Ray -------------------------------------------------------------------------------------------
+
+class _RayWorkerImpl:
+    def __init__(self, fitness_spec, train):
+        self.worker = Worker(fitness_spec, train)
+
+    def run(self, job):
+        return self.worker.run(job)
+
+    def pid(self):
+        return os.getpid()
+
+
+class RayEvaluator:
+    def __init__(self, fitness_spec: str, train: dict, workers: int | None, address: str | None):
+        import ray
+
+        self.ray = ray
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=max(1, workers or 1), include_dashboard=False, log_to_driver=False)
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        n = workers or gpus or 1
+        opts = {"max_restarts": 3, "max_task_retries": 3}
+        if gpus:
+            opts["num_gpus"] = 1
+            train = {**train, "device": "cuda"}
+        else:
+            opts["num_cpus"] = 1
+        self._cls = ray.remote(**opts)(_RayWorkerImpl)
+        self._args = (fitness_spec, dict(train))
+        self.actors = [self._cls.remote(*self._args) for _ in range(n)]
+        self.slots = n
+        self.running: dict = {}  # ObjectRef -> (actor index, job)
+        self.backlog: list[dict] = []
+        self.busy_s = 0.0
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.running) + len(self.backlog)
+
+    def submit(self, job: dict) -> None:
+        used = {i for i, _ in self.running.values()}
+        free = [k for k in range(len(self.actors)) if k not in used]
+        if not free:
+            self.backlog.append(job)
+            return
+        self.running[self.actors[free[0]].run.remote(job)] = (free[0], job)
+
+    def poll(self) -> list[tuple[int, dict]]:
+        ready, _ = self.ray.wait(list(self.running), num_returns=1)
+        out = []
+        for ref in ready:
+            i, job = self.running.pop(ref)
+            try:
+                res = self.ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - the actor died beyond its retries
+                res = {"status": "error", "val_acc": None, "val_acc_per_epoch": [], "epochs": 0,
+                       "error": f"ray: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+                self.actors[i] = self._cls.remote(*self._args)  # a fresh actor for that slot
+            self.busy_s += float(res.get("wall_s") or 0.0)
+            out.append((job["seq"], res))
+        while self.backlog and len(self.running) < len(self.actors):
+            self.submit(self.backlog.pop(0))
+        return out
+
+    def close(self) -> None:
+        for a in self.actors:
+            try:
+                self.ray.kill(a)
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass

@@ -1,0 +1,80 @@
+"""What a user sees at the end (and on Ctrl-C): leaderboard, results.json, search.png."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .engine import Search, write_json_atomic
+
+
+def leaderboard_text(search: Search, top: int | None = None) -> str:
+    rows = search.leaderboard()[:top] if top else search.leaderboard()
+    if not rows:
+        return "leaderboard: no member yet (initialization has kept nobody)"
+    title = "population" if search.ga.formed else "initialization so far (population not formed yet)"
+    lines = [f"{title}, best first:",
+             f"{'rank':>4}  {'genome':<18} {'fitness':>7}  {'epochs':>6}  formula"]
+    for r in rows:
+        name = f" ({r['name']})" if r["name"] else ""
+        epochs = "" if r["epochs"] is None else str(r["epochs"])
+        lines.append(f"{r['rank']:>4}  {r['genome'] + name:<18} {r['fitness']:>7.4f}  {epochs:>6}  {r['formula']}")
+    s = search.summary_counts()
+    lines.append(
+        f"{s['evaluations']} evaluations, {s['trainings']} trainings; saved by cache {s['saved_by_cache']}, "
+        f"by equivalence {s['saved_by_equivalence']}, by screening {s['saved_by_screening']}; "
+        f"{s['rejected']} rejected early, {s['diverged']} diverged, {s['errors']} errors"
+    )
+    return "\n".join(lines)
+
+
+def write_results(search: Search) -> Path:
+    path = search.run_dir / "results.json"
+    write_json_atomic(path, {
+        "config": _config(search),
+        "summary": search.summary(),
+        "population": search.leaderboard(),
+        "evaluations": [search.results[k] for k in sorted(search.results)],
+        "history": [{"evaluations": n, "best": b, "median": m} for n, b, m in search.history],
+    })
+    return path
+
+
+def _config(search: Search) -> dict:
+    from dataclasses import asdict
+
+    return asdict(search.cfg)
+
+
+def write_plot(search: Search) -> str:
+    """RUN_DIR/search.png, or a note saying why there is none."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no search.png: matplotlib is not installed (pip install 'bnn-measure-search[plot]')"
+    evs = [search.results[k] for k in sorted(search.results, key=lambda k: search.results[k].get("time", 0))]
+    fig, ax = plt.subplots(figsize=(9, 5), dpi=110)
+    styles = {"train": ("tab:blue", "o", "trained"), "cache": ("tab:gray", "x", "cache"),
+              "reuse": ("tab:gray", "+", "reuse"), "equivalent": ("tab:green", "x", "equivalent"),
+              "screened": ("tab:red", "v", "screened")}
+    for source, (color, marker, label) in styles.items():
+        pts = [(i + 1, e["fitness"]) for i, e in enumerate(evs) if e.get("source") == source]
+        if pts:
+            x, y = zip(*pts)
+            ax.scatter(x, y, s=10, c=color, marker=marker, label=f"{label} ({len(pts)})", alpha=0.6)
+    if search.history:
+        n, best, med = zip(*search.history)
+        ax.plot(n, best, color="black", lw=1.5, label="population best")
+        ax.plot(n, med, color="tab:orange", lw=1.5, label="population median")
+    ax.set_xlabel("evaluation (completion order)")
+    ax.set_ylabel("fitness (validation accuracy)")
+    ax.set_title(f"GA search: {search.cfg.model} on {search.cfg.dataset}, S={search.cfg.population}")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3)
+    path = search.run_dir / "search.png"
+    tmp = search.run_dir / "search.tmp.png"
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+    return f"wrote {path}"
