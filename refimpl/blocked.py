@@ -1,6 +1,151 @@
-"""Placeholder: the blocked kernel falls back to the simple one until it lands."""
-from . import gemm
+"""The fast count kernel: a register-blocked popcount GEMM with the count identities fused in.
+
+Shape of the computation (what made Numba reach the popcount peak, PERFORMANCE.md):
+
+* Outputs are computed in tiles of P pixels x Q output channels, each output a named scalar
+  ``uint64`` accumulator (``acc_p_j``). For one channel word ``k`` of one tap, a tile loads Q
+  weight words (one contiguous panel row), and for each pixel one input word that it ANDs
+  against all Q weight words. LLVM's SLP vectorizer packs the Q accumulators of a pixel into
+  one AVX-512 register, so the inner loop is broadcast-AND, ``vpopcntq``, add: three vector ops
+  per 512 binary MACs, no horizontal reductions. The source is generated (``_tiles.py``)
+  because it spells out P*Q accumulators.
+* Weights are pre-packed into column panels ``(O/Q, taps, K, Q)`` so that the Q words of a panel
+  row are contiguous; channels past O are zero words and their outputs are dropped.
+* The input is zero-padded spatially (a 0 word adds nothing to ``popcount(x & w)``), so every
+  pixel reads every tap without bounds checks. A tile is P neighbouring output pixels in NCHW
+  order; its input words (an im2col of P pixels, a few KB) are gathered once into a per-thread
+  buffer and reused by every panel of output channels.
+* The block is stored channel by channel, so ``a`` is written in contiguous runs of P
+  positions; ``counts.py`` derives b, c and d from it.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+# (pixels, channels) per tile. 16 x 8: 16 zmm accumulators, one zmm of weights, room to spare
+# in the 32 AVX-512 registers.
+TILE_SHAPES = ((16, 8),)
+TILE_PIXELS, TILE_CHANNELS = TILE_SHAPES[0]
 
 
-def conv(xp, wp, stride, padding, dilation, out_h, out_w, a):
-    gemm._conv_simple(xp, wp, stride, padding, dilation, out_h, out_w, a)
+def tile_kernel_source(pixels: int, channels: int) -> list[str]:
+    """Source lines of the Numba tile kernel ``tiles_PxQ`` (called by ``conv_counts``)."""
+    P, Q = pixels, channels
+    i1, i2, i3, i4 = (" " * (4 * k) for k in range(1, 5))
+    lines = [
+        "@jit(parallel=True)",
+        f"def tiles_{P}x{Q}(xflat, wflat, k_words, taps_off, bases, n_out, positions, xscratch, bscratch, a):",
+        f"{i1}n_taps = taps_off.shape[0]",
+        f"{i1}n_pixels = a.shape[0] // n_out",
+        f"{i1}n_panels = (n_out + {Q - 1}) // {Q}",
+        f"{i1}steps = n_taps * k_words",
+        f"{i1}for tile in prange((n_pixels + {P - 1}) // {P}):",
+        f"{i2}tid = numba.get_thread_id()",
+        f"{i2}xt = xscratch[tid]",
+        f"{i2}block = bscratch[tid]",
+        f"{i2}first = tile * {P}",
+        f"{i2}img0 = first // positions",
+        f"{i2}pos0 = first - img0 * positions",
+        f"{i2}full = first + {P} <= n_pixels and pos0 + {P} <= positions",
+        # im2col of this tile only: xt[(t*K + k)*P + p], reused by every panel.
+        f"{i2}for t in range(n_taps):",
+        f"{i3}for p in range({P}):",
+        f"{i4}src = bases[first + p] + taps_off[t]",
+        f"{i4}dst = t * k_words * {P} + p",
+        f"{i4}for k in range(k_words):",
+        f"{i4}    xt[dst + k * {P}] = xflat[src + k]",
+        f"{i2}for panel in range(n_panels):",
+        f"{i3}wo = panel * steps * {Q}",
+    ]
+    lines += [f"{i3}acc_{p}_{j} = np.uint64(0)" for p in range(P) for j in range(Q)]
+    # (tap, word) pairs are laid out in the same order in xt and in the weight panel, so one
+    # flat loop walks both. Unsigned indices: Numba skips its negative-index wraparound for them.
+    lines += [
+        f"{i3}for step in range(steps):",
+        f"{i4}xk = np.uint64(step * {P})",
+        f"{i4}wk = np.uint64(wo + step * {Q})",
+    ]
+    lines += [f"{i4}w_{j} = wflat[wk + np.uint64({j})]" for j in range(Q)]
+    for p in range(P):
+        lines.append(f"{i4}x_{p} = xt[xk + np.uint64({p})]")
+        lines += [f"{i4}acc_{p}_{j} += popcount(x_{p} & w_{j})" for j in range(Q)]
+    # Store. A full tile (P positions of one image, Q real channels) writes each accumulator
+    # straight into ``a``: P consecutive positions per channel, which SLP turns into vector
+    # stores. Tiles at the edges go through the small per-thread block.
+    lines += [
+        f"{i3}if full and panel * {Q} + {Q} <= n_out:",
+    ]
+    for j in range(Q):
+        lines.append(f"{i4}row = np.uint64(((img0 * n_out) + panel * {Q} + {j}) * positions + pos0)")
+        lines += [f"{i4}a[row + np.uint64({p})] = np.int64(acc_{p}_{j})" for p in range(P)]
+    lines.append(f"{i3}else:")
+    lines += [f"{i4}block[{j}, {p}] = acc_{p}_{j}" for j in range(Q) for p in range(P)]
+    lines += [
+        f"{i4}for j in range(min({Q}, n_out - panel * {Q})):",
+        f"{i4}    o = panel * {Q} + j",
+        f"{i4}    for p in range(min({P}, n_pixels - first)):",
+        f"{i4}        pix = first + p",
+        f"{i4}        i = pix // positions",
+        f"{i4}        a[(i * n_out + o) * positions + pix - i * positions] = np.int64(block[j, p])",
+    ]
+    return lines
+
+
+def weight_panels(wp: np.ndarray, channels: int = TILE_CHANNELS) -> np.ndarray:
+    """(O, KH, KW, K) words -> flat panels (ceil(O/Q), KH*KW, K, Q), zero words past O."""
+    n_out, kh, kw, k_words = wp.shape
+    n_panels = -(-n_out // channels)
+    padded = np.zeros((n_panels * channels, kh * kw, k_words), dtype=np.uint64)
+    padded[:n_out] = wp.reshape(n_out, kh * kw, k_words)
+    return np.ascontiguousarray(padded.reshape(n_panels, channels, kh * kw, k_words).transpose(0, 2, 3, 1)).reshape(-1)
+
+
+def pixel_bases(n_img, h, w, stride, padding, out_h, out_w, k_words, pixels=TILE_PIXELS):
+    """Offset of each output pixel's window origin in the zero-padded, flattened input.
+
+    Pixels are in NCHW order (image, row, column), so a tile's outputs are neighbouring
+    positions. The list is padded to whole tiles by repeating the last pixel (dropped on store).
+    """
+    hp, wp_ = h + 2 * padding[0], w + 2 * padding[1]
+    n_pixels = n_img * out_h * out_w
+    pix = np.minimum(np.arange(-(-n_pixels // pixels) * pixels), n_pixels - 1)
+    img, pos = np.divmod(pix, out_h * out_w)
+    oy, ox = np.divmod(pos, out_w)
+    return ((img * hp + oy * stride[0]) * wp_ + ox * stride[1]) * k_words
+
+
+def tap_offsets(kh, kw, dilation, w, padding, k_words):
+    """Offset of each filter tap from the window origin in the padded input."""
+    ty, tx = np.divmod(np.arange(kh * kw), kw)
+    return ((ty * dilation[0]) * (w + 2 * padding[1]) + tx * dilation[1]) * k_words
+
+
+def pad_input(xp: np.ndarray, padding) -> np.ndarray:
+    """Zero words around the packed (N, H, W, K) input, flattened."""
+    if padding == (0, 0):
+        return np.ascontiguousarray(xp).reshape(-1)
+    ph, pw_ = padding
+    n_img, h, w, k_words = xp.shape
+    out = np.zeros((n_img, h + 2 * ph, w + 2 * pw_, k_words), dtype=np.uint64)
+    out[:, ph : ph + h, pw_ : pw_ + w] = xp
+    return out.reshape(-1)
+
+
+def popcount_conv(xp, wp, stride, padding, dilation, out_h, out_w, a):
+    """Fill ``a`` (N, O, Ho*Wo), C-contiguous int64, with the popcount GEMM of packed operands."""
+    from . import _tiles
+
+    n_img, h, w, k_words = xp.shape
+    n_out, kh, kw, _ = wp.shape
+    P, Q = TILE_PIXELS, TILE_CHANNELS
+    kernel = getattr(_tiles, f"tiles_{P}x{Q}")
+    bases = pixel_bases(n_img, h, w, stride, padding, out_h, out_w, k_words)
+    taps_off = tap_offsets(kh, kw, dilation, w, padding, k_words)
+    threads = numba.config.NUMBA_NUM_THREADS
+    xscratch = np.empty((threads, kh * kw * k_words * P), dtype=np.uint64)
+    bscratch = np.empty((threads, Q, P), dtype=np.uint64)
+    kernel(
+        pad_input(xp, padding), weight_panels(wp, Q), k_words, taps_off, bases,
+        n_out, out_h * out_w, xscratch, bscratch, a.reshape(-1),
+    )

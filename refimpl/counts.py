@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from . import gemm
+from . import blocked, gemm
 from ._jit import jit
 from .bits import n_words, pack_bits, pack_nchw, popcount
 
@@ -56,10 +56,9 @@ def _popcount_words(words, out):
 
 
 @jit(parallel=True)
-def _window_sums(pix, taps, stride, padding, dilation, out_h, out_w, out):
-    # pix (I, H, W) per-pixel values; taps (KH, KW) unused except shape; out (I, Ho, Wo).
+def _window_sums(pix, kh, kw, stride, padding, dilation, out_h, out_w, out):
+    # pix (I, H, W) per-pixel values -> out (I, Ho, Wo): sums over the in-bounds taps.
     n_img, h, w = pix.shape
-    kh, kw = taps.shape
     for i in prange(n_img):
         for oy in range(out_h):
             for ox in range(out_w):
@@ -129,25 +128,33 @@ def counts_conv2d_packed(xp, wp, in_channels: int, stride=1, padding=0, dilation
             f"output would be {out_h}x{out_w}: a {kh}x{kw} kernel (dilation {dilation}) does not fit "
             f"a {h}x{w} input with padding {padding}"
         )
-    a = gemm.popcount_conv2d(xp, wp, stride, padding, dilation, out_h, out_w, kernel or "blocked")
+    xp = np.ascontiguousarray(xp, dtype=np.uint64)
+    wp = np.ascontiguousarray(wp, dtype=np.uint64)
 
     # px, pw, n over in-bounds taps only (see the module docstring).
     px_pix = np.empty(n_img * h * w, dtype=np.int64)
     _popcount_words(xp.reshape(-1, k_words), px_pix)
     px = np.empty((n_img, out_h, out_w), dtype=np.int64)
-    _window_sums(px_pix.reshape(n_img, h, w), np.empty((kh, kw)), stride, padding, dilation, out_h, out_w, px)
+    _window_sums(px_pix.reshape(n_img, h, w), kh, kw, stride, padding, dilation, out_h, out_w, px)
     wtaps = np.empty(n_out * kh * kw, dtype=np.int64)
     _popcount_words(wp.reshape(-1, k_words), wtaps)
     pw = np.empty((n_out, out_h, out_w), dtype=np.int64)
     _weight_window_sums(wtaps.reshape(n_out, kh, kw), h, w, stride, padding, dilation, out_h, out_w, pw)
-    ones = np.ones((1, h, w), dtype=np.int64)
     taps = np.empty((1, out_h, out_w), dtype=np.int64)
-    _window_sums(ones, np.empty((kh, kw)), stride, padding, dilation, out_h, out_w, taps)
+    _window_sums(np.ones((1, h, w), dtype=np.int64), kh, kw, stride, padding, dilation, out_h, out_w, taps)
     n = taps.reshape(-1) * in_channels
 
-    b, c, d = (np.empty_like(a) for _ in range(3))
-    flat = lambda t: t.reshape(n_img, n_out, out_h * out_w)  # noqa: E731
-    _finish_counts(flat(a), px.reshape(n_img, -1), pw.reshape(n_out, -1), n, flat(b), flat(c), flat(d))
+    a, b, c, d = (np.empty((n_img, n_out, out_h, out_w), dtype=np.int64) for _ in range(4))
+    flat = [t.reshape(n_img, n_out, out_h * out_w) for t in (a, b, c, d)]
+    px, pw = px.reshape(n_img, -1), pw.reshape(n_out, -1)
+    kernel = kernel or "blocked"
+    if kernel == "blocked":
+        blocked.popcount_conv(xp, wp, stride, padding, dilation, out_h, out_w, flat[0])
+    elif kernel == "simple":
+        gemm._conv_simple(xp, wp, stride, padding, dilation, out_h, out_w, a)
+    else:
+        raise ValueError(f"unknown kernel {kernel!r}; valid kernels are 'blocked' and 'simple'")
+    _finish_counts(flat[0], px, pw, n, *flat[1:])
     return a, b, c, d
 
 

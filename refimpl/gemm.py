@@ -1,10 +1,7 @@
-"""The popcount GEMM ``a = sum popcount(x & w)`` of a convolution over packed words.
+"""The simple popcount GEMM ``a = sum popcount(x & w)`` of a convolution over packed words.
 
-Two kernels with one contract, selectable at run time:
-
-* ``simple``: one popcount per word pair, padded taps skipped by bounds. Obviously right; the
-  oracle the blocked kernel is tested against.
-* ``blocked``: see ``refimpl/blocked.py``.
+One popcount per word pair, padded taps skipped by loop bounds: obviously right, slow, and kept
+in the product (``kernel="simple"``) as the oracle the blocked kernel is tested against.
 """
 from __future__ import annotations
 
@@ -36,19 +33,3 @@ def _conv_simple(xp, wp, stride, padding, dilation, out_h, out_w, a):
                         for k in range(k_words):
                             total += popcount(xp[i, y, x, k] & wp[o, ty, tx, k])
                 a[i, o, oy, ox] = total
-
-
-def popcount_conv2d(xp, wp, stride, padding, dilation, out_h, out_w, kernel="blocked"):
-    """int64 ``a`` of shape (N, O, Ho, Wo) from packed ``xp`` (N,H,W,K) and ``wp`` (O,KH,KW,K)."""
-    xp = np.ascontiguousarray(xp, dtype=np.uint64)
-    wp = np.ascontiguousarray(wp, dtype=np.uint64)
-    a = np.empty((xp.shape[0], wp.shape[0], out_h, out_w), dtype=np.int64)
-    if kernel == "simple":
-        _conv_simple(xp, wp, stride, padding, dilation, out_h, out_w, a)
-    elif kernel == "blocked":
-        from . import blocked
-
-        blocked.conv(xp, wp, stride, padding, dilation, out_h, out_w, a)
-    else:
-        raise ValueError(f"unknown kernel {kernel!r}; valid kernels are 'blocked' and 'simple'")
-    return a
