@@ -1,0 +1,345 @@
+"""Data sets for training: CIFAR-10, CIFAR-100 (standard Python archives) and the 8x8 digits.
+
+The whole data set lives on the training device as uint8 NCHW tensors, loaded once and reused by
+every training run of a process (the search trains hundreds of models per worker). Normalization,
+random crop and horizontal flip are batch operations on the device; there are no DataLoader
+workers, and the same code runs on CPU and GPU.
+
+Splits: the validation set is held out of the training set by a seeded permutation (SPEC §7:
+fitness and model selection use it); the test set is only for final numbers.
+digits has no official test set: its test set is the LAST ``DIGITS_TEST_SIZE`` images of
+``sklearn.datasets.load_digits()`` in the order it returns them (no shuffle, so an engine without
+torch can rebuild exactly the same test set).
+
+Normalization is ``(pixel - mean[c]) / std[c]`` on RAW pixel values (0..255 for CIFAR, 0..16 for
+digits); ``Dataset.mean``/``std`` hold those raw-unit constants and travel in the checkpoint.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import tarfile
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
+DIGITS_TEST_SIZE = 360  # 20% of 1797, the last images in load_digits() order
+DATASETS = ("digits", "cifar10", "cifar100")
+# Digits fill their 8x8 frame, so a pad-4 crop would cut away half a digit; a one-pixel shift
+# still regularizes a network that otherwise memorizes 1,300 images. No flip: mirrored digits
+# are other symbols (2/5, 3/E).
+DIGITS_CROP_PAD = 1
+
+# Per-channel statistics of each training set, in raw pixel units. CIFAR: the usual published
+# values (x255); digits: over all 1797 images, so the constants do not depend on the split.
+_CIFAR10_MEAN = tuple(255 * v for v in (0.4914, 0.4822, 0.4465))
+_CIFAR10_STD = tuple(255 * v for v in (0.2470, 0.2435, 0.2616))
+_CIFAR100_MEAN = tuple(255 * v for v in (0.5071, 0.4865, 0.4409))
+_CIFAR100_STD = tuple(255 * v for v in (0.2673, 0.2564, 0.2762))
+_DIGITS_MEAN = (4.884,)
+_DIGITS_STD = (6.017,)
+
+
+@dataclass
+class _Spec:
+    """What is fixed per data set: archive layout, statistics and augmentation."""
+
+    archive: str
+    folder: str
+    train_members: tuple[str, ...]
+    test_member: str
+    meta_member: str
+    label_key: bytes
+    names_key: bytes
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+_CIFAR = {
+    "cifar10": _Spec(
+        archive="cifar-10-python.tar.gz",
+        folder="cifar-10-batches-py",
+        train_members=tuple(f"data_batch_{i}" for i in range(1, 6)),
+        test_member="test_batch",
+        meta_member="batches.meta",
+        label_key=b"labels",
+        names_key=b"label_names",
+        num_classes=10,
+        mean=_CIFAR10_MEAN,
+        std=_CIFAR10_STD,
+    ),
+    "cifar100": _Spec(
+        archive="cifar-100-python.tar.gz",
+        folder="cifar-100-python",
+        train_members=("train",),
+        test_member="test",
+        meta_member="meta",
+        label_key=b"fine_labels",
+        names_key=b"fine_label_names",
+        num_classes=100,
+        mean=_CIFAR100_MEAN,
+        std=_CIFAR100_STD,
+    ),
+}
+
+
+@dataclass
+class Dataset:
+    """A loaded data set on one device. ``*_x``: uint8 (N, C, H, W); ``*_y``: int64 (N,)."""
+
+    name: str
+    num_classes: int
+    class_names: list[str]
+    input_shape: tuple[int, int, int]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop_pad: int  # random crop after zero-padding by this many pixels; 0 = no crop
+    flip: bool  # random horizontal flip
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    val_size: int
+    split_seed: int
+    device: torch.device
+    _mean_t: torch.Tensor = field(init=False, repr=False)
+    _std_t: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        c = self.input_shape[0]
+        self._mean_t = torch.tensor(self.mean, dtype=torch.float32, device=self.device).view(1, c, 1, 1)
+        self._std_t = torch.tensor(self.std, dtype=torch.float32, device=self.device).view(1, c, 1, 1)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 batch -> normalized float32 (channels_last on CUDA, where convolutions prefer it)."""
+        out = (x.float() - self._mean_t) / self._std_t
+        if out.is_cuda:
+            out = out.contiguous(memory_format=torch.channels_last)
+        return out
+
+    def epoch_plan(self, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """Every random draw of one training epoch, taken from ``generator`` (a CPU generator, so
+        the sequence is the same on every device and its state can be checkpointed)."""
+        n = len(self.train_y)
+        perm = torch.randperm(n, generator=generator)
+        offsets = torch.randint(0, 2 * self.crop_pad + 1, (n, 2), generator=generator)
+        flips = torch.randint(0, 2, (n,), generator=generator, dtype=torch.bool)
+        return {k: v.to(self.device) for k, v in (("perm", perm), ("offsets", offsets), ("flips", flips))}
+
+    def augment(self, x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
+        """Random crop (zero padding, as torchvision's RandomCrop(padding=p)) and flip, on uint8."""
+        if self.crop_pad:
+            p = self.crop_pad
+            b, c, h, w = x.shape
+            padded = F.pad(x, (p, p, p, p))
+            dev = x.device
+            rows = (offsets[:, 0:1] + torch.arange(h, device=dev)).view(b, 1, h, 1)
+            cols = (offsets[:, 1:2] + torch.arange(w, device=dev)).view(b, 1, 1, w)
+            x = padded[
+                torch.arange(b, device=dev).view(b, 1, 1, 1),
+                torch.arange(c, device=dev).view(1, c, 1, 1),
+                rows,
+                cols,
+            ]
+        if self.flip:
+            x = torch.where(flips.view(-1, 1, 1, 1), x.flip(3), x)
+        return x
+
+    def describe(self) -> dict:
+        """What an exporter and the inference engine need to preprocess inputs identically."""
+        return {
+            "name": self.name,
+            "num_classes": self.num_classes,
+            "class_names": list(self.class_names),
+            "input_shape": list(self.input_shape),
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "normalization": "(pixel - mean[c]) / std[c], raw pixel units",
+            "pixel_max": 16 if self.name == "digits" else 255,
+            "val_size": self.val_size,
+            "split_seed": self.split_seed,
+            "train_size": len(self.train_y),
+            "test_size": len(self.test_y),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the archives
+
+
+def _expected(spec: _Spec) -> str:
+    return (
+        f"expected {spec.archive} or the extracted {spec.folder}/ "
+        f"({', '.join(spec.train_members)}, {spec.test_member}, {spec.meta_member}); "
+        f"get it from {CIFAR_URL}"
+    )
+
+
+def _unpickle(raw: bytes, where: str, spec: _Spec) -> dict:
+    try:
+        obj = pickle.loads(raw, encoding="bytes")
+    except Exception as exc:  # any unpickling failure means the file is not what we expect
+        raise ValueError(f"{where} is not a readable CIFAR pickle ({type(exc).__name__}); {_expected(spec)}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where} does not hold a dict; {_expected(spec)}")
+    return obj
+
+
+def _read_members(name: str, data_dir: str) -> dict[str, bytes]:
+    """Raw bytes of every needed member, from the extracted folder or the .tar.gz archive."""
+    spec = _CIFAR[name]
+    members = (*spec.train_members, spec.test_member, spec.meta_member)
+    folders = [os.path.join(data_dir, spec.folder), data_dir]
+    for folder in folders:
+        if all(os.path.isfile(os.path.join(folder, m)) for m in members):
+            out = {}
+            for m in members:
+                with open(os.path.join(folder, m), "rb") as f:
+                    out[m] = f.read()
+            return out
+    archive = os.path.join(data_dir, spec.archive)
+    if not os.path.isfile(archive):
+        if not os.path.isdir(data_dir):
+            raise FileNotFoundError(f"data directory {data_dir!r} does not exist; {_expected(spec)}")
+        raise FileNotFoundError(f"{name} not found in {data_dir!r}; {_expected(spec)}")
+    out = {}
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for info in tar.getmembers():
+                base = os.path.basename(info.name)
+                if info.isfile() and base in members and os.path.dirname(info.name).endswith(spec.folder):
+                    out[base] = tar.extractfile(info).read()
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise ValueError(f"{archive} is corrupt or not a .tar.gz ({exc}); {_expected(spec)}") from None
+    missing = [m for m in members if m not in out]
+    if missing:
+        raise ValueError(f"{archive} lacks {', '.join(missing)}; {_expected(spec)}")
+    return out
+
+
+def _decode_batch(raw: bytes, where: str, spec: _Spec) -> tuple[np.ndarray, np.ndarray]:
+    d = _unpickle(raw, where, spec)
+    if b"data" not in d or spec.label_key not in d:
+        raise ValueError(f"{where} lacks b'data' or {spec.label_key!r}; {_expected(spec)}")
+    x = np.asarray(d[b"data"])
+    y = np.asarray(d[spec.label_key], dtype=np.int64)
+    if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3 * 32 * 32 or len(y) != len(x):
+        raise ValueError(
+            f"{where}: data has shape {x.shape} and dtype {x.dtype} with {len(y)} labels; "
+            f"expected uint8 (N, 3072) with N labels; {_expected(spec)}"
+        )
+    if len(y) and (y.min() < 0 or y.max() >= spec.num_classes):
+        raise ValueError(f"{where}: labels outside 0..{spec.num_classes - 1}; {_expected(spec)}")
+    return x.reshape(-1, 3, 32, 32), y
+
+
+def _download(name: str, data_dir: str) -> None:
+    try:
+        import torchvision.datasets as tvd
+    except ImportError:
+        raise ValueError(
+            f"--download needs torchvision, which is not installed; download {_CIFAR[name].archive} "
+            f"from {CIFAR_URL} into {data_dir!r} instead"
+        ) from None
+    cls = tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100
+    os.makedirs(data_dir, exist_ok=True)
+    cls(root=data_dir, train=True, download=True)
+
+
+def read_cifar(name: str, data_dir: str, download: bool = False):
+    """(train_x, train_y, test_x, test_y, class_names) as NumPy arrays, uint8 NCHW images."""
+    spec = _CIFAR[name]
+    if download:
+        try:
+            return read_cifar(name, data_dir, download=False)
+        except FileNotFoundError:
+            _download(name, data_dir)
+    raw = _read_members(name, data_dir)
+    parts = [_decode_batch(raw[m], f"{name} member {m}", spec) for m in spec.train_members]
+    train_x = np.concatenate([p[0] for p in parts])
+    train_y = np.concatenate([p[1] for p in parts])
+    test_x, test_y = _decode_batch(raw[spec.test_member], f"{name} member {spec.test_member}", spec)
+    meta = _unpickle(raw[spec.meta_member], f"{name} member {spec.meta_member}", spec)
+    names = meta.get(spec.names_key)
+    if not isinstance(names, list) or len(names) != spec.num_classes:
+        raise ValueError(f"{name} member {spec.meta_member} lacks {spec.num_classes} {spec.names_key!r}; {_expected(spec)}")
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    return train_x, train_y, test_x, test_y, names
+
+
+def read_digits():
+    """(train_x, train_y, test_x, test_y, class_names); uint8 (N, 1, 8, 8) with values 0..16."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = d.images.astype(np.uint8).reshape(-1, 1, 8, 8)
+    y = d.target.astype(np.int64)
+    cut = len(y) - DIGITS_TEST_SIZE
+    return x[:cut], y[:cut], x[cut:], y[cut:], [str(i) for i in range(10)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The public loader
+
+
+def default_val_size(name: str, train_size: int) -> int:
+    return train_size // 10 if name == "digits" else 5000
+
+
+def load_dataset(
+    name: str = "digits",
+    data_dir: str | None = None,
+    val_size: int | None = None,
+    seed: int = 0,
+    device="cpu",
+    download: bool = False,
+) -> Dataset:
+    """Load once, keep on ``device``; ``seed`` only chooses the validation split."""
+    key = str(name).lower().replace("-", "")
+    if key not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    device = torch.device(device)
+    if key == "digits":
+        train_x, train_y, test_x, test_y, names = read_digits()
+        mean, std, crop_pad, flip = _DIGITS_MEAN, _DIGITS_STD, DIGITS_CROP_PAD, False
+    else:
+        data_dir = data_dir if data_dir is not None else os.environ.get("BNN_DATA_DIR", "data")
+        train_x, train_y, test_x, test_y, names = read_cifar(key, data_dir, download)
+        spec = _CIFAR[key]
+        mean, std, crop_pad, flip = spec.mean, spec.std, 4, True
+    n = len(train_y)
+    if val_size is None:
+        val_size = default_val_size(key, n)
+    if not 0 <= val_size < n:
+        raise ValueError(f"val_size must be in 0..{n - 1} for {key} ({n} training images), got {val_size}")
+    perm = np.random.default_rng(seed).permutation(n)
+    val_idx, train_idx = np.sort(perm[:val_size]), np.sort(perm[val_size:])
+
+    def on_device(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+    return Dataset(
+        name=key,
+        num_classes=len(names),
+        class_names=names,
+        input_shape=tuple(train_x.shape[1:]),
+        mean=tuple(float(v) for v in mean),
+        std=tuple(float(v) for v in std),
+        crop_pad=crop_pad,
+        flip=flip,
+        train_x=on_device(train_x[train_idx]),
+        train_y=on_device(train_y[train_idx]),
+        val_x=on_device(train_x[val_idx]),
+        val_y=on_device(train_y[val_idx]),
+        test_x=on_device(test_x),
+        test_y=on_device(test_y),
+        val_size=val_size,
+        split_seed=seed,
+        device=device,
+    )

@@ -1,0 +1,180 @@
+"""BNN model families (SPEC §6), one genome for every binary layer, built by name.
+
+Every model has the same flat shape, so an exporter walks it without special cases:
+
+    x -> stem (nn.Conv2d, full precision) -> stem_bn (nn.BatchNorm2d)
+      -> body: nn.Sequential of BinaryUnit, nn.MaxPool2d and nn.AvgPool2d, in execution order
+      -> global average pool -> flatten -> classifier (nn.Linear, full precision)
+
+A ``BinaryUnit`` computes
+
+    y = bn(conv(x))                                   residual=False (VGG, NIN)
+    y = bn(conv(x)) + x                               residual, same shape (Bi-Real shortcut)
+    y = bn(conv(x)) + down_bn(down_conv(x))           residual, stride or width changes
+
+where ``conv`` and ``down_conv`` are ``BinaryConv2d`` (they binarize their own input with sign),
+so every binary layer is followed directly by its BatchNorm and nothing else sits between them.
+There is no other nonlinearity: the sign inside each binary layer is the network's activation
+(as in Bi-Real-Net); a ReLU before a sign would make every activation +1.
+
+NIN's last layer is a 1x1 convolution followed by global average pooling; both are linear, so
+it is the same function as pooling first and then ``nn.Linear``, which is what is built here.
+
+``model.config`` holds what export needs to rebuild the model: arch, measure, num_classes,
+input_shape.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from refimpl.genome import Genome
+
+from .layers import BinaryConv2d
+
+# (channels, blocks, first stride) per stage, CIFAR ResNets (He et al. 2016, with a 3x3 stem).
+_RESNET_STAGES = {
+    "resnet18": ((64, 2, 1), (128, 2, 2), (256, 2, 2), (512, 2, 2)),
+    "resnet34": ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)),
+}
+DIGITS_WIDTH = 64  # channels of digits_net: wide enough for >=95% with any paper measure
+# VGG13 for CIFAR: 'M' = 2x2 max-pool; five pools take 32x32 to 1x1.
+_VGG13 = (64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
+
+
+class BinaryUnit(nn.Module):
+    """One binary convolution, its BatchNorm, and (optionally) a real-valued shortcut."""
+
+    def __init__(self, in_ch, out_ch, kernel_size, stride=1, padding=0, measure="baseline",
+                 residual=False, binary=True):
+        super().__init__()
+        conv = _conv_factory(binary, measure)
+        self.conv = conv(in_ch, out_ch, kernel_size, stride, padding)
+        self.bn = nn.BatchNorm2d(out_ch)
+        self.residual = residual
+        self.down_conv = self.down_bn = None
+        if residual and (stride != 1 or in_ch != out_ch):
+            # SPEC §6: the downsampling 1x1 convolution is binary too.
+            self.down_conv = conv(in_ch, out_ch, 1, stride, 0)
+            self.down_bn = nn.BatchNorm2d(out_ch)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        if not self.residual:
+            return y
+        if self.down_conv is None:
+            return y + x
+        return y + self.down_bn(self.down_conv(x))
+
+
+def _conv_factory(binary: bool, measure):
+    if binary:
+        return lambda i, o, k, s, p: BinaryConv2d(i, o, k, stride=s, padding=p, measure=measure)
+    # Same shapes in float: the "ordinary network" that bench/bench_train.py compares against.
+    return lambda i, o, k, s, p: nn.Conv2d(i, o, k, stride=s, padding=p, bias=False)
+
+
+class BNNet(nn.Module):
+    """stem -> stem_bn -> body -> global average pool -> classifier (see the module docstring)."""
+
+    def __init__(self, arch, measure, num_classes, input_shape, stem_out, stem_kernel, body, body_out):
+        super().__init__()
+        in_ch = input_shape[0]
+        self.stem = nn.Conv2d(in_ch, stem_out, stem_kernel, padding=stem_kernel // 2, bias=False)
+        self.stem_bn = nn.BatchNorm2d(stem_out)
+        self.body = nn.Sequential(*body)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Linear(body_out, num_classes)
+        self.config = {
+            "arch": arch,
+            "measure": str(Genome.parse(measure)),
+            "num_classes": int(num_classes),
+            "input_shape": [int(v) for v in input_shape],
+        }
+
+    def forward(self, x):
+        x = self.stem_bn(self.stem(x))
+        x = self.body(x)
+        return self.classifier(self.pool(x).flatten(1))
+
+
+def resnet(arch, measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True):
+    body, ch = [], 64
+    for width, blocks, stride in _RESNET_STAGES[arch]:
+        for i in range(blocks):
+            s = stride if i == 0 else 1
+            # A basic block's two 3x3 convolutions, each with its own shortcut (Bi-Real).
+            body.append(BinaryUnit(ch, width, 3, s, 1, measure, residual=True, binary=binary))
+            body.append(BinaryUnit(width, width, 3, 1, 1, measure, residual=True, binary=binary))
+            ch = width
+    return BNNet(arch, measure, num_classes, input_shape, 64, 3, body, ch)
+
+
+def resnet18(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True):
+    return resnet("resnet18", measure, num_classes, input_shape, binary)
+
+
+def resnet34(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True):
+    return resnet("resnet34", measure, num_classes, input_shape, binary)
+
+
+def vgg13(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True):
+    _require_size("vgg13", input_shape, 32)
+    widths = list(_VGG13)
+    body, ch = [], widths.pop(0)  # the first 64-channel convolution is the full-precision stem
+    for v in widths:
+        if v == "M":
+            body.append(nn.MaxPool2d(2))
+        else:
+            body.append(BinaryUnit(ch, v, 3, 1, 1, measure, binary=binary))
+            ch = v
+    return BNNet("vgg13", measure, num_classes, input_shape, 64, 3, body, ch)
+
+
+def nin(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True):
+    """Network in Network for CIFAR (Lin et al. 2014; XNOR-Net's binary version's widths)."""
+    _require_size("nin", input_shape, 32)
+
+    def unit(i, o, k):
+        return BinaryUnit(i, o, k, 1, k // 2, measure, binary=binary)
+
+    body = [
+        unit(192, 160, 1), unit(160, 96, 1),
+        nn.MaxPool2d(3, stride=2, padding=1),
+        unit(96, 192, 5), unit(192, 192, 1), unit(192, 192, 1),
+        nn.AvgPool2d(3, stride=2, padding=1),
+        unit(192, 192, 3), unit(192, 192, 1),
+    ]
+    return BNNet("nin", measure, num_classes, input_shape, 192, 5, body, 192)
+
+
+def digits_net(measure="baseline", num_classes=10, input_shape=(1, 8, 8), binary=True):
+    """For the 8x8 digits: full-precision 3x3 stem, three binary 3x3 units with shortcuts."""
+    w = DIGITS_WIDTH
+    body = [BinaryUnit(w, w, 3, 1, 1, measure, residual=True, binary=binary) for _ in range(3)]
+    return BNNet("digits_net", measure, num_classes, input_shape, w, 3, body, w)
+
+
+MODELS = {
+    "resnet18": resnet18,
+    "resnet34": resnet34,
+    "vgg13": vgg13,
+    "nin": nin,
+    "digits_net": digits_net,
+}
+
+
+def _require_size(arch, input_shape, size):
+    if tuple(input_shape[1:]) != (size, size):
+        raise ValueError(f"{arch} is built for {size}x{size} inputs, got {input_shape[1]}x{input_shape[2]}")
+
+
+def build_model(name, measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True) -> BNNet:
+    """A model from the registry; unknown names and measures raise ValueError."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    genome = Genome.parse(measure)  # ValueError naming the problem
+    return MODELS[name](measure=str(genome), num_classes=num_classes, input_shape=tuple(input_shape), binary=binary)
+
+
+def binary_layers(model: nn.Module) -> list[BinaryConv2d]:
+    return [m for m in model.modules() if isinstance(m, BinaryConv2d)]
