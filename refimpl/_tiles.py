@@ -8,12 +8,15 @@ from .bits import popcount
 
 
 @jit(parallel=True)
-def tiles_16x8(xflat, wflat, k_words, taps_off, bases, n_out, positions, xscratch, bscratch, a):
+def tiles_16x8(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):
     n_taps = taps_off.shape[0]
     n_pixels = a.shape[0] // n_out
     n_panels = (n_out + 7) // 8
     steps = n_taps * k_words
-    for tile in prange((n_pixels + 15) // 16):
+    n_groups = (n_panels + group_panels - 1) // group_panels
+    for item in prange(((n_pixels + 15) // 16) * n_groups):
+        tile = item // n_groups
+        group = item - tile * n_groups
         tid = numba.get_thread_id()
         xt = xscratch[tid]
         block = bscratch[tid]
@@ -27,7 +30,7 @@ def tiles_16x8(xflat, wflat, k_words, taps_off, bases, n_out, positions, xscratc
                 dst = t * k_words * 16 + p
                 for k in range(k_words):
                     xt[dst + k * 16] = xflat[src + k]
-        for panel in range(n_panels):
+        for panel in range(group * group_panels, min(n_panels, (group + 1) * group_panels)):
             wo = panel * steps * 8
             acc_0_0 = np.uint64(0)
             acc_0_1 = np.uint64(0)

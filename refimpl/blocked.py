@@ -35,12 +35,15 @@ def tile_kernel_source(pixels: int, channels: int) -> list[str]:
     i1, i2, i3, i4 = (" " * (4 * k) for k in range(1, 5))
     lines = [
         "@jit(parallel=True)",
-        f"def tiles_{P}x{Q}(xflat, wflat, k_words, taps_off, bases, n_out, positions, xscratch, bscratch, a):",
+        f"def tiles_{P}x{Q}(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):",
         f"{i1}n_taps = taps_off.shape[0]",
         f"{i1}n_pixels = a.shape[0] // n_out",
         f"{i1}n_panels = (n_out + {Q - 1}) // {Q}",
         f"{i1}steps = n_taps * k_words",
-        f"{i1}for tile in prange((n_pixels + {P - 1}) // {P}):",
+        f"{i1}n_groups = (n_panels + group_panels - 1) // group_panels",
+        f"{i1}for item in prange(((n_pixels + {P - 1}) // {P}) * n_groups):",
+        f"{i2}tile = item // n_groups",
+        f"{i2}group = item - tile * n_groups",
         f"{i2}tid = numba.get_thread_id()",
         f"{i2}xt = xscratch[tid]",
         f"{i2}block = bscratch[tid]",
@@ -55,7 +58,7 @@ def tile_kernel_source(pixels: int, channels: int) -> list[str]:
         f"{i4}dst = t * k_words * {P} + p",
         f"{i4}for k in range(k_words):",
         f"{i4}    xt[dst + k * {P}] = xflat[src + k]",
-        f"{i2}for panel in range(n_panels):",
+        f"{i2}for panel in range(group * group_panels, min(n_panels, (group + 1) * group_panels)):",
         f"{i3}wo = panel * steps * {Q}",
     ]
     lines += [f"{i3}acc_{p}_{j} = np.uint64(0)" for p in range(P) for j in range(Q)]
@@ -143,9 +146,16 @@ def popcount_conv(xp, wp, stride, padding, dilation, out_h, out_w, a):
     bases = pixel_bases(n_img, h, w, stride, padding, out_h, out_w, k_words)
     taps_off = tap_offsets(kh, kw, dilation, w, padding, k_words)
     threads = numba.config.NUMBA_NUM_THREADS
+    # Work items are (tile, group of panels). Small layers (batch 1, 4x4 maps) have fewer tiles
+    # than threads, so their panels are split into groups to give every thread work; each group
+    # gathers its tile's input again, which is cheap next to the panels it computes.
+    n_tiles = -(-(n_img * out_h * out_w) // P)
+    n_panels = -(-n_out // Q)
+    groups = min(n_panels, max(1, -(-4 * numba.get_num_threads() // n_tiles)))
+    group_panels = -(-n_panels // groups)
     xscratch = np.empty((threads, kh * kw * k_words * P), dtype=np.uint64)
     bscratch = np.empty((threads, Q, P), dtype=np.uint64)
     kernel(
         pad_input(xp, padding), weight_panels(wp, Q), k_words, taps_off, bases,
-        n_out, out_h * out_w, xscratch, bscratch, a.reshape(-1),
+        n_out, out_h * out_w, group_panels, xscratch, bscratch, a.reshape(-1),
     )
