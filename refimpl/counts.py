@@ -20,7 +20,7 @@ from numba import prange
 
 from . import blocked, gemm
 from ._jit import jit
-from .bits import n_words, pack_bits, pack_nchw, popcount
+from .bits import pack_nchw, popcount
 
 
 def conv_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
@@ -177,7 +177,7 @@ def counts_conv2d(x, w, stride=1, padding=0, dilation=1, *, kernel=None):
     if min(_pair(padding, "padding")) < 0:
         raise ValueError(f"padding must be >= 0, got {padding!r}")
     xp = pack_nchw(x)
-    wp = pack_bits(np.moveaxis(w, 1, -1))  # OIHW -> OHWI -> (O, KH, KW, K)
+    wp = pack_nchw(w)  # OIHW packs like NCHW: (O, KH, KW, K) words along input channels
     return counts_conv2d_packed(xp, wp, x.shape[1], stride, padding, dilation, kernel)
 
 
@@ -189,7 +189,7 @@ def counts_dense(x, w, *, kernel=None):
     if x.shape[1] != w.shape[1]:
         raise ValueError(f"x rows have {x.shape[1]} elements but w rows have {w.shape[1]}")
     # A dense layer is a 1x1 convolution over a 1x1 image.
-    xp = pack_bits(x)[:, None, None, :]
-    wp = pack_bits(w)[:, None, None, :]
+    xp = pack_nchw(x[:, :, None, None])
+    wp = pack_nchw(w[:, :, None, None])
     a, b, c, d = counts_conv2d_packed(xp, wp, x.shape[1], kernel=kernel)
     return tuple(t.reshape(x.shape[0], w.shape[0]) for t in (a, b, c, d))

@@ -1,0 +1,55 @@
+"""The blocked kernel's inner loop is what PERFORMANCE.md says reaches the popcount peak.
+
+Cached Numba functions cannot be inspected, so each test compiles an uncached copy of the
+kernel with the project's options and reads its assembly.
+"""
+import re
+
+import llvmlite.binding as llvm
+import numba
+import numpy as np
+import pytest
+
+import refimpl  # noqa: F401  (sets the project's Numba options before anything compiles)
+from refimpl import _tiles, blocked
+from refimpl._jit import OPTIONS
+
+HAS_VPOPCNTDQ = bool(llvm.get_host_cpu_features().get("avx512vpopcntdq"))
+
+
+def _tile_asm() -> str:
+    options = {k: v for k, v in OPTIONS.items() if k != "cache"}
+    kernel = numba.njit(parallel=True, **options)(_tiles.tiles_16x8.py_func)
+    rng = np.random.default_rng(0)
+    x = rng.choice([-1.0, 1.0], size=(2, 64, 4, 4)).astype(np.float32)
+    w = rng.choice([-1.0, 1.0], size=(8, 64, 3, 3)).astype(np.float32)
+    from refimpl.bits import pack_nchw
+
+    xp, wp = pack_nchw(x), pack_nchw(w)
+    k_words = xp.shape[-1]
+    a = np.empty(2 * 8 * 16, dtype=np.int64)
+    kernel(
+        blocked.pad_input(xp, (1, 1)), blocked.weight_panels(wp), k_words,
+        blocked.tap_offsets(3, 3, (1, 1), 4, (1, 1), k_words),
+        blocked.pixel_bases(2, 4, 4, (1, 1), (1, 1), 4, 4, k_words), 8, 16, 1,
+        np.empty((numba.config.NUMBA_NUM_THREADS, 9 * k_words * 16), np.uint64),
+        np.empty((numba.config.NUMBA_NUM_THREADS, 8, 16), np.uint64), a,
+    )
+    return kernel.inspect_asm(kernel.signatures[0])
+
+
+@pytest.mark.skipif(not HAS_VPOPCNTDQ, reason="this CPU has no AVX-512 VPOPCNTDQ: there is no vector popcount to find")
+def test_tile_inner_loop_uses_512_bit_vpopcntq():
+    asm = _tile_asm()
+    # One vpopcntq per 8 output channels of each of the 16 pixels' two 8-lane vectors.
+    assert len(re.findall(r"vpopcntq\s+%zmm", asm)) >= 16
+    assert not re.findall(r"\bpopcntq\b", asm), "a scalar popcnt is left in the tile kernel"
+
+
+def test_popcount_intrinsic_lowers_to_ctpop():
+    from refimpl.bits import popcount
+
+    f = numba.njit(lambda v: popcount(v))
+    assert f(np.uint64(0xFFFF_FFFF_FFFF_FFFF)) == 64
+    assert f(np.uint64(0b1011)) == 3
+    assert "llvm.ctpop.i64" in f.inspect_llvm(f.signatures[0])
