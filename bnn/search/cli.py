@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--epochs", type=_positive, help="epochs of a full fitness training (paper: 15)")
     t.add_argument("--batch-size", type=_positive, help="batch size (default 128)")
     t.add_argument("--lr", type=float, help="Adam learning rate, constant (default 5e-3)")
-    t.add_argument("--val-size", type=float, help="validation split (count, or fraction if < 1)")
+    t.add_argument("--val-size", type=int, help="validation images held out of the training set (default: 10%% for digits, 5000 for CIFAR)")
     t.add_argument("--train-seed", type=int, help="seed of every fitness training (default 0)")
     t.add_argument("--device", help="auto, cpu or cuda (default auto)")
     t.add_argument("--fitness", help=argparse.SUPPRESS)  # testing: synthetic:SEED[,delay=S][,die_once=PATH]
@@ -135,6 +135,9 @@ def _config_from_args(args) -> tuple[SearchConfig, Path, bool]:
         base.update({k: v for k, v in explicit.items() if k in RUN_CONTROL})
         return SearchConfig(**base), run_dir, True
     preset = dict(PRESETS[args.preset])
+    if "dataset" in explicit and "model" not in explicit and explicit["dataset"] != preset["dataset"]:
+        # Another data set without a model: the network the training code pairs with it.
+        explicit["model"] = "digits_net" if explicit["dataset"] == "digits" else "resnet18"
     base = {**preset, **explicit}
     if args.preset == "paper" and "workers" not in explicit:
         from .engine import _visible_gpus
@@ -181,19 +184,22 @@ def _validate(cfg: SearchConfig) -> None:
 def _validate_training(cfg: SearchConfig) -> None:
     """Fail on a bad model, data set or data directory before any file is written."""
     try:
-        import bnn.train as train_mod  # noqa: F401
+        from bnn.data import DATASETS, read_cifar
+        from bnn.train import TrainConfig
     except ImportError as exc:
         raise CliError(f"the training code (bnn.train) is not available: {exc}") from None
-    check = getattr(train_mod, "validate_config", None)
-    if check is not None:
-        from bnn.train import TrainConfig
-
-        try:
-            check(TrainConfig(model=cfg.model, dataset=cfg.dataset, measure="baseline", epochs=cfg.epochs,
-                              batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.train_seed, device="cpu",
-                              data_dir=cfg.data_dir, val_size=cfg.val_size))
-        except (ValueError, FileNotFoundError, KeyError) as exc:
-            raise CliError(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)) from None
+    key = str(cfg.dataset).lower().replace("-", "")
+    if key not in DATASETS:
+        raise CliError(f"unknown dataset {cfg.dataset!r}; choose one of {', '.join(DATASETS)}")
+    try:
+        TrainConfig(model=cfg.model, dataset=cfg.dataset, measure="baseline", epochs=cfg.epochs,
+                    batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.train_seed).validate()
+        if key != "digits":
+            data_dir = cfg.data_dir if cfg.data_dir is not None else os.environ.get("BNN_DATA_DIR", "data")
+            read_cifar(key, data_dir)  # a missing or corrupt archive fails here, not in a worker
+    except Exception as exc:  # noqa: BLE001 - any of them is a bad input, reported in one line
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CliError(msg) from None
 
 
 def main(argv=None) -> int:

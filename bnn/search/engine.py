@@ -52,7 +52,7 @@ class SearchConfig:
     threshold_steps: list = field(default_factory=lambda: [0, 100, 200, 300])
     batch_size: int = 128
     lr: float = 5e-3
-    val_size: float | int | None = None
+    val_size: int | None = None
     train_seed: int = 0
     fitness: str = "train"
     cache: bool = True
@@ -163,9 +163,9 @@ class Search:
             from .evaluators import RayEvaluator
 
             return RayEvaluator(cfg.fitness, train, cfg.workers if cfg.workers > 1 else None, cfg.ray_address)
-        gpus = _visible_gpus() if spec["kind"] == "train" and cfg.device in ("auto", "cuda") else []
-        if train["device"] == "auto":
-            train["device"] = "cuda" if gpus else "cpu"
+        # One local worker per GPU when training on GPUs (digits trains on the CPU: too small).
+        gpus = (_visible_gpus() if spec["kind"] == "train" and cfg.device in ("auto", "cuda")
+                and not (cfg.device == "auto" and cfg.dataset == "digits") else [])
         if cfg.backend == "local" or cfg.workers > 1:
             from .evaluators import LocalPoolEvaluator
 

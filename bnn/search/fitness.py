@@ -319,18 +319,28 @@ class Worker:
         return self._train(job)
 
     def _train(self, job: dict) -> dict:
-        from bnn.train import TrainConfig, train_model  # torch only where training really happens
+        import dataclasses
+
+        from bnn.train import TrainConfig, resolve_device, train_model  # torch only when training
 
         t = self.train
         if self._data is None:
             from bnn.data import load_dataset
 
-            self._data = load_dataset(t["dataset"], t.get("data_dir"), t.get("val_size"), t["seed"], t["device"])
-        cfg = TrainConfig(
+            device = resolve_device(t["device"], t["dataset"])
+            # The validation split is TrainConfig's (split_seed), not the training seed: every
+            # candidate is scored on the same held-out images.
+            split = TrainConfig.__dataclass_fields__["split_seed"].default if "split_seed" in TrainConfig.__dataclass_fields__ else 0
+            self._data = load_dataset(t["dataset"], t.get("data_dir"), t.get("val_size"), split, device)
+        wanted = dict(
             model=t["model"], dataset=t["dataset"], measure=job["genome"], epochs=t["epochs"],
             batch_size=t["batch_size"], lr=t["lr"], seed=t["seed"], device=t["device"],
             data_dir=t.get("data_dir"), val_size=t.get("val_size"),
+            milestones=(), out_dir=None,  # the paper's fitness: constant lr; no files per candidate
+            eval_test=False,  # fitness is validation accuracy; the test set stays out of the search
         )
+        known = {f.name for f in dataclasses.fields(TrainConfig)}
+        cfg = TrainConfig(**{k: v for k, v in wanted.items() if k in known})
         res = train_model(cfg, data=self._data, reject_below=job.get("reject_below"), progress=False)
         d = res.to_dict() if hasattr(res, "to_dict") else dict(res.__dict__)
         return {k: d.get(k) for k in _RESULT_KEYS}
