@@ -1,0 +1,44 @@
+"""Hypothesis strategies shared by the verify tests."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+MAX_N = 600  # a 3x3 layer with 64 channels has n = 576
+
+
+@st.composite
+def count_arrays(draw, shape=(2, 3, 8), max_n=MAX_N):
+    """Float64 counts a, b, c, d of ``shape`` with a + b + c + d = n, one n per example.
+
+    The first 12 elements along the flattened array pin each count at 0, 1 and n (the others
+    share the rest); the remaining elements are random partitions of n.
+    """
+    size = int(np.prod(shape))
+    n = draw(st.integers(1, max_n))
+    cuts = draw(hnp.arrays(np.int64, (size, 3), elements=st.integers(0, n)))
+    cuts.sort(axis=1)
+    edges = np.concatenate([np.zeros((size, 1), np.int64), cuts, np.full((size, 1), n)], axis=1)
+    counts = np.diff(edges, axis=1).astype(np.float64)  # (size, 4): a, b, c, d
+    edge_rows = []
+    for which in range(4):
+        for value in (0, 1, n):
+            if value > n:
+                continue
+            row = np.zeros(4)
+            row[which] = value
+            row[(which + 1) % 4] = n - value  # the rest goes to one other count
+            edge_rows.append(row)
+    k = min(len(edge_rows), size)
+    counts[:k] = np.array(edge_rows[:k])
+    return tuple(counts[:, i].reshape(shape) for i in range(4))
+
+
+@st.composite
+def alphas(draw, channels):
+    """(4, channels) alpha values exactly representable in float32, so both dtypes see the same."""
+    values = draw(
+        hnp.arrays(np.float64, (4, channels), elements=st.floats(-4, 4, width=32, allow_subnormal=False))
+    )
+    return values
