@@ -1,0 +1,78 @@
+"""``python -m bnn.search`` as a user meets it: help, bad input, JSON summary, files written."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SYN = ["--fitness", "synthetic:2", "--population", "6", "--epochs", "3", "--thresholds", "0.2",
+       "--max-evaluations", "300", "--max-trainings", "1000", "--no-progress"]
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "bnn.search", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_help():
+    r = cli("--help")
+    assert r.returncode == 0
+    for flag in ("--population", "--thresholds", "--threshold-steps", "--resume", "--reuse", "--paper-faithful",
+                 "--backend", "--ray-address", "--workers", "--patience", "--max-evaluations", "--json"):
+        assert flag in r.stdout
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--population", "0"], "positive"),
+    (["--thresholds", "0.1,x"], "numbers"),
+    (["--thresholds", "0.1,0.2", "--threshold-steps", "0"], "threshold-steps"),
+    (["--thresholds", "0.1,0.2", "--threshold-steps", "5,10"], "evaluation 0"),
+    (["--model", "nonet"], "nonet"),
+    (["--fitness", "synthetic:x"], "seed"),
+    (["--resume", "/nonexistent/run"], "journal"),
+    (["--reuse", "/nonexistent/run", "--fitness", "synthetic:1"], "journal"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, words):
+    d = tmp_path / "run"
+    r = cli(*args, "--run-dir", str(d))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr and words in lines[0], r.stderr
+    assert not d.exists()
+
+
+def test_json_summary_leaderboard_results_and_plot(tmp_path):
+    d = tmp_path / "run"
+    r = cli(*SYN, "--run-dir", str(d), "--json")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.strip().splitlines()
+    s = json.loads(out[-1])
+    for k in ("evaluations", "trainings", "saved_by_cache", "saved_by_equivalence", "saved_by_screening"):
+        assert isinstance(s[k], int)
+    assert set(s["best"]) >= {"genome", "formula", "fitness"}
+    assert s["evaluations"] == 300 == s["trainings"] + s["saved_by_cache"] + s["saved_by_equivalence"] + s["saved_by_screening"]
+    assert any(s["best"]["genome"] in line for line in out[:-1]), "the leaderboard is printed"
+    res = json.loads((d / "results.json").read_text())
+    assert len(res["evaluations"]) == 300 and len(res["population"]) == 6
+    assert res["population"][0]["fitness"] == s["best"]["fitness"]
+    pytest.importorskip("matplotlib")
+    assert (d / "search.png").stat().st_size > 1000
+
+
+def test_paper_faithful_switches_every_saving_off(tmp_path):
+    r = cli(*SYN, "--max-evaluations", "60", "--run-dir", str(tmp_path / "run"), "--json", "--paper-faithful")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    assert s["trainings"] == s["evaluations"] == 60
+    assert s["saved_by_cache"] == s["saved_by_equivalence"] == s["saved_by_screening"] == 0
+
+
+def test_existing_run_dir_needs_resume(tmp_path):
+    d = tmp_path / "run"
+    assert cli(*SYN, "--max-evaluations", "10", "--run-dir", str(d)).returncode == 0
+    before = (d / "journal.jsonl").read_bytes()
+    r = cli(*SYN, "--run-dir", str(d))
+    assert r.returncode == 2 and "--resume" in r.stderr
+    assert (d / "journal.jsonl").read_bytes() == before
