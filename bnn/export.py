@@ -1,0 +1,256 @@
+"""Export a trained BNN for the CPU engine: ``python -m bnn.export CHECKPOINT -o MODEL.bnn``.
+
+The file is a safetensors archive (``safetensors.numpy.load_file`` reads it without torch) whose
+metadata holds one JSON document under the key ``"bnn-measure"`` (``FORMAT``):
+
+* ``format`` (``"bnn-measure"``), ``version`` (``VERSION``);
+* ``genome`` (canonical text) and ``arch``, ``num_classes``, ``input_shape``;
+* ``input``: normalization ``(pixel - mean[c]) / std[c]`` in raw pixel units, ``pixel_max``;
+* ``class_names``; ``source_sha256`` of the checkpoint it came from (or null);
+* ``layers``: the network in execution order, each entry naming its tensors (see
+  ``_describe``); ``refimpl.engine`` runs exactly this list.
+
+Tensors: binary weights as uint64 words ``(O, KH, KW, ceil(I/64))`` (SPEC section 1: bit 1 is
+``w >= 0``, channels packed along the last axis, the OHWI layout the popcount kernel reads);
+``alpha`` float32 ``(4, O)``; every BatchNorm folded into float32 ``scale``/``shift`` per
+channel; the full-precision stem weight and the classifier in float32.
+
+Binary weights in float would be 32 bits each; packed they are 1 bit, plus at most 63 bits of
+tail per (output, tap) row.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+from torch import nn
+
+from refimpl._fma import fma
+from refimpl.bits import pack_bits
+from refimpl.genome import Genome
+
+from .layers import BinaryConv2d
+from .models import BinaryUnit, build_model
+
+FORMAT = "bnn-measure"
+VERSION = 1
+
+
+# ----------------------------------------------------------------------------------------------
+# BatchNorm folding.
+#
+# In eval mode BatchNorm is an affine map per channel:
+#
+#     bn(y) = gamma * (y - mean) / sqrt(var + eps) + beta
+#           = y * scale + shift,   scale = gamma / sqrt(var + eps),   shift = beta - mean * scale
+#
+# The float32 operations are the ones PyTorch's CPU kernel performs (measured on torch 2.13, see
+# refimpl/_fma.py): invstd = 1 / sqrt(var + eps), scale = invstd * gamma, and with fused
+# multiply-adds shift = fma(-mean, scale, beta), bn(y) = fma(y, scale, shift). Reproducing them
+# keeps the engine's BatchNorm bit-identical to torch's. That matters beyond the 1e-4 logit
+# tolerance: an activation one ulp on the other side of zero flips a sign bit, and then the next
+# layer's counts differ.
+# ----------------------------------------------------------------------------------------------
+def fold_batchnorm(bn: nn.BatchNorm2d) -> tuple[np.ndarray, np.ndarray]:
+    """``(scale, shift)`` float32 with ``bn(y) == y * scale + shift`` in eval mode."""
+    if bn.running_mean is None or bn.running_var is None:
+        raise ValueError("BatchNorm without running statistics cannot be folded (track_running_stats=False)")
+    f32 = np.float32
+    var = bn.running_var.detach().cpu().numpy().astype(f32)
+    mean = bn.running_mean.detach().cpu().numpy().astype(f32)
+    channels = var.shape[0]
+    gamma = bn.weight.detach().cpu().numpy().astype(f32) if bn.weight is not None else np.ones(channels, f32)
+    beta = bn.bias.detach().cpu().numpy().astype(f32) if bn.bias is not None else np.zeros(channels, f32)
+    invstd = f32(1) / np.sqrt(var + f32(bn.eps))
+    scale = (invstd * gamma).astype(f32)
+    shift = fma(-mean, scale, beta)
+    return scale, shift
+
+
+def _f32(t: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.detach().cpu().numpy().astype(np.float32))
+
+
+def _pair(v) -> list[int]:
+    return [int(v), int(v)] if isinstance(v, int) else [int(u) for u in v]
+
+
+def _binary_conv(prefix: str, conv: BinaryConv2d, bn: nn.BatchNorm2d, tensors: dict) -> dict:
+    w = conv.weight.detach().cpu().numpy()
+    # OIHW -> OHWI, packed along I: (O, KH, KW, ceil(I/64)) uint64, bit 1 = w >= 0.
+    tensors[f"{prefix}.bits"] = pack_bits(np.moveaxis(w, 1, -1))
+    tensors[f"{prefix}.alpha"] = _f32(conv.alpha)
+    scale, shift = fold_batchnorm(bn)
+    tensors[f"{prefix}.scale"], tensors[f"{prefix}.shift"] = scale, shift
+    return {
+        "tensors": prefix,
+        "in_channels": int(conv.in_channels),
+        "out_channels": int(conv.out_channels),
+        "kernel": _pair(conv.kernel_size),
+        "stride": _pair(conv.stride),
+        "padding": _pair(conv.padding),
+        "dilation": _pair(conv.dilation),
+    }
+
+
+def _pool(kind: str, m) -> dict:
+    if getattr(m, "ceil_mode", False):
+        raise ValueError(f"{kind} with ceil_mode=True is not supported by the engine")
+    if kind == "maxpool2d" and _pair(m.dilation) != [1, 1]:
+        raise ValueError("max-pool with dilation is not supported by the engine")
+    if kind == "avgpool2d" and m.divisor_override is not None:
+        raise ValueError("avg-pool with divisor_override is not supported by the engine")
+    out = {"op": kind, "kernel": _pair(m.kernel_size),
+           "stride": _pair(m.stride if m.stride is not None else m.kernel_size), "padding": _pair(m.padding)}
+    if kind == "avgpool2d":
+        out["count_include_pad"] = bool(m.count_include_pad)
+    return out
+
+
+def _describe(model: nn.Module) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """The layer list in execution order and the tensors it names (models.py's flat layout)."""
+    tensors: dict[str, np.ndarray] = {}
+    stem = model.stem
+    if stem.bias is not None or stem.groups != 1:
+        raise ValueError("the stem must be a bias-free, groups=1 nn.Conv2d (bnn.models layout)")
+    tensors["stem.weight"] = _f32(stem.weight)
+    tensors["stem.scale"], tensors["stem.shift"] = fold_batchnorm(model.stem_bn)
+    layers = [{
+        "op": "stem", "tensors": "stem",
+        "in_channels": int(stem.in_channels), "out_channels": int(stem.out_channels),
+        "kernel": _pair(stem.kernel_size), "stride": _pair(stem.stride),
+        "padding": _pair(stem.padding), "dilation": _pair(stem.dilation),
+    }]
+    for i, m in enumerate(model.body):
+        if isinstance(m, BinaryUnit):
+            if not isinstance(m.conv, BinaryConv2d):
+                raise ValueError(f"body.{i} is not binary (a float model cannot be exported to the binary engine)")
+            unit = {"op": "binary_unit", "name": f"body.{i}", "conv": _binary_conv(f"body.{i}.conv", m.conv, m.bn, tensors)}
+            if not m.residual:
+                unit["residual"] = "none"
+            elif m.down_conv is None:
+                unit["residual"] = "identity"
+            else:
+                unit["residual"] = "down"
+                unit["down"] = _binary_conv(f"body.{i}.down", m.down_conv, m.down_bn, tensors)
+            layers.append(unit)
+        elif isinstance(m, nn.MaxPool2d):
+            layers.append(_pool("maxpool2d", m))
+        elif isinstance(m, nn.AvgPool2d):
+            layers.append(_pool("avgpool2d", m))
+        else:
+            raise ValueError(f"body.{i} is a {type(m).__name__}; the engine runs BinaryUnit, MaxPool2d, AvgPool2d")
+    cls = model.classifier
+    tensors["classifier.weight"] = _f32(cls.weight)
+    tensors["classifier.bias"] = _f32(cls.bias) if cls.bias is not None else np.zeros(cls.out_features, np.float32)
+    layers.append({"op": "global_avgpool"})
+    layers.append({"op": "linear", "tensors": "classifier",
+                   "in_features": int(cls.in_features), "out_features": int(cls.out_features)})
+    return layers, tensors
+
+
+def export_model(model: nn.Module, path: str, *, mean=None, std=None, pixel_max=None, class_names=None,
+                 source_sha256: str | None = None, dataset: str | None = None) -> dict:
+    """Write ``model`` (a ``bnn.models.BNNet``) to ``path``; returns the metadata written.
+
+    ``mean``/``std``: per-channel normalization in raw pixel units (default: identity).
+    """
+    from safetensors.numpy import save_file
+
+    config = dict(getattr(model, "config", {}))
+    if "measure" not in config:
+        raise ValueError("model has no .config with a measure; build it with bnn.models")
+    genome = str(Genome.parse(config["measure"]))
+    for m in model.modules():
+        if isinstance(m, BinaryConv2d) and str(m.genome) != genome:
+            raise ValueError(f"binary layer has genome {m.genome}, model config says {genome}; one genome per network")
+    in_ch = int(model.stem.in_channels)
+    mean = [0.0] * in_ch if mean is None else [float(v) for v in mean]
+    std = [1.0] * in_ch if std is None else [float(v) for v in std]
+    if len(mean) != in_ch or len(std) != in_ch:
+        raise ValueError(f"mean and std need {in_ch} values (input channels), got {len(mean)} and {len(std)}")
+    num_classes = int(model.classifier.out_features)
+    names = [str(i) for i in range(num_classes)] if class_names is None else [str(n) for n in class_names]
+    if len(names) != num_classes:
+        raise ValueError(f"{len(names)} class names for {num_classes} classes")
+    layers, tensors = _describe(model)
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "arch": config.get("arch"),
+        "genome": genome,
+        "num_classes": num_classes,
+        "input_shape": [int(v) for v in config.get("input_shape", [in_ch, 0, 0])],
+        "input": {"mean": mean, "std": std, "pixel_max": pixel_max,
+                  "normalization": "(pixel - mean[c]) / std[c], raw pixel units"},
+        "dataset": dataset,
+        "class_names": names,
+        "source_sha256": source_sha256,
+        "layers": layers,
+    }
+    # Atomic: a reader never sees a half-written file under the final name.
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.{os.getpid()}")
+    try:
+        save_file(tensors, tmp, metadata={FORMAT: json.dumps(meta)})
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return meta
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def export_checkpoint(checkpoint: str, out: str) -> dict:
+    from .train import load_checkpoint
+
+    ckpt = load_checkpoint(checkpoint)
+    mc, data = ckpt.get("model_config") or {}, ckpt.get("data") or {}
+    try:
+        model = build_model(mc["arch"], mc["measure"], mc["num_classes"], tuple(mc["input_shape"]))
+        model.load_state_dict(ckpt["model"])
+    except (KeyError, RuntimeError, TypeError) as exc:
+        raise ValueError(f"{checkpoint}: model config or weights do not fit ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+    model.eval()
+    return export_model(
+        model, out, mean=data.get("mean"), std=data.get("std"), pixel_max=data.get("pixel_max"),
+        class_names=data.get("class_names"), source_sha256=sha256_file(checkpoint), dataset=data.get("name"),
+    )
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main(argv=None) -> int:
+    p = _Parser(prog="python -m bnn.export",
+                description="Export a bnn.train checkpoint to a .bnn file for the CPU engine (python -m refimpl.infer).")
+    p.add_argument("checkpoint", help="checkpoint.pt written by python -m bnn.train")
+    p.add_argument("-o", "--out", required=True, help="output file, e.g. MODEL.bnn")
+    args = p.parse_args(argv)
+    try:
+        meta = export_checkpoint(args.checkpoint, args.out)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    size = os.path.getsize(args.out)
+    print(f"wrote {args.out}: {meta['arch']} with genome {meta['genome']}, {size / 1e6:.2f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

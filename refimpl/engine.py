@@ -1,0 +1,712 @@
+"""The CPU inference engine: runs a ``.bnn`` file (``bnn/export.py``) with NumPy and Numba only.
+
+    model = refimpl.engine.load("MODEL.bnn")
+    logits = model.run(model.preprocess(images))        # or model.predict(images)
+
+Execution follows the file's layer list:
+
+* ``stem``: full-precision convolution (im2col + one float32 matmul), folded BatchNorm.
+* ``binary_unit``: the input activation arrives already binarized and packed into this unit's
+  zero-padded word buffer (the previous epilogue wrote it, or ``_pack_padded`` after a stem or
+  a pool); one popcount GEMM per convolution (``a``), window sums ``px`` over the same buffer,
+  ``pw`` and ``n`` precomputed per input shape, then one fused epilogue
+  (``refimpl/epilogue.py``): b, c, d, the measure, BatchNorm, the residual, and the sign bits
+  for the next binary unit.
+* ``maxpool2d`` / ``avgpool2d`` / ``global_avgpool`` / ``linear``: NumPy, float32.
+
+Everything is float32 (counts are int64 until they enter the measure, exact in float32 below
+2**24). Per input shape the engine keeps a plan: buffers, GEMM indexing and window sums, so a
+batch-1 call does no allocation beyond the outputs it returns. A ``Model`` is therefore not
+safe to run from two threads at once; Numba parallelizes inside each call instead
+(``numba.set_num_threads``).
+
+Semantics are the PyTorch model's in eval mode: SPEC section 1 counts (padded taps count in
+none of a, b, c, d), the measure as ``refimpl.measure(dtype=float32)`` computes it, BatchNorm as
+torch's CPU kernel computes it (``bnn/export.py`` derives the folding).
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+from numba import prange
+
+from . import blocked, epilogue
+from ._fma import fma32
+from ._jit import jit
+from .bits import WORD_BITS, n_words, popcount
+from .counts import _weight_window_sums, _window_sums, conv_output_size
+from .genome import Genome
+
+FORMAT = "bnn-measure"
+SUPPORTED_VERSIONS = (1,)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading and validation
+# ----------------------------------------------------------------------------------------------
+class ModelFileError(ValueError):
+    """A .bnn file that cannot be run; the message names the file and the problem."""
+
+
+@dataclass
+class Conv:
+    """One binary convolution with its folded BatchNorm."""
+
+    name: str
+    in_channels: int
+    out_channels: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    bits: np.ndarray  # (O, KH, KW, K) uint64
+    alpha: np.ndarray  # (4, O) float32
+    scale: np.ndarray  # (O,) float32
+    shift: np.ndarray  # (O,) float32
+    panels: np.ndarray = field(default=None, repr=False)  # the GEMM's weight layout, built once
+    taps: np.ndarray = field(default=None, repr=False)  # popcount of each (O, KH, KW) weight tap
+
+
+def _pairs(entry: dict, where: str, keys) -> dict:
+    out = {}
+    for key in keys:
+        v = entry.get(key)
+        if not (isinstance(v, list) and len(v) == 2 and all(isinstance(u, int) for u in v)):
+            raise ModelFileError(f"{where}: '{key}' must be a pair of integers, got {v!r}")
+        out[key] = tuple(v)
+    return out
+
+
+def _tensor(tensors: dict, name: str, shape: tuple, dtype, where: str) -> np.ndarray:
+    if name not in tensors:
+        raise ModelFileError(f"{where}: tensor '{name}' is missing")
+    t = tensors[name]
+    if t.dtype != np.dtype(dtype) or tuple(t.shape) != tuple(shape):
+        raise ModelFileError(
+            f"{where}: tensor '{name}' is {t.dtype} {tuple(t.shape)}, metadata implies {np.dtype(dtype)} {tuple(shape)}"
+        )
+    return np.ascontiguousarray(t)
+
+
+def _read(path: str) -> tuple[dict, dict]:
+    if not os.path.exists(path):
+        raise ModelFileError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise ModelFileError(f"{path}: is a directory, not a .bnn file")
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+
+    with open(path, "rb") as f:
+        raw = f.read()
+    # The safetensors header: 8-byte little-endian length, then JSON with "__metadata__".
+    if len(raw) < 8:
+        raise ModelFileError(f"{path}: truncated or not a safetensors file ({len(raw)} bytes)")
+    header_len = int.from_bytes(raw[:8], "little")
+    if header_len > len(raw) - 8:
+        raise ModelFileError(f"{path}: truncated or not a safetensors file (header of {header_len} bytes, file has {len(raw)})")
+    try:
+        header = json.loads(raw[8:8 + header_len])
+    except (ValueError, UnicodeDecodeError):
+        raise ModelFileError(f"{path}: not a safetensors file (unreadable header)") from None
+    if not isinstance(header, dict):
+        raise ModelFileError(f"{path}: not a safetensors file (header is not a JSON object)")
+    meta_raw = (header.get("__metadata__") or {}).get(FORMAT)
+    if meta_raw is None:
+        raise ModelFileError(f"{path}: not a {FORMAT} model (no '{FORMAT}' metadata; export it with python -m bnn.export)")
+    try:
+        meta = json.loads(meta_raw)
+    except ValueError:
+        raise ModelFileError(f"{path}: the '{FORMAT}' metadata is not valid JSON") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else None
+        raise ModelFileError(f"{path}: format is {got!r}, expected {FORMAT!r}")
+    if meta.get("version") not in SUPPORTED_VERSIONS:
+        raise ModelFileError(
+            f"{path}: format version {meta.get('version')!r} is not supported (this engine reads {', '.join(map(str, SUPPORTED_VERSIONS))})"
+        )
+    try:
+        tensors = load(raw)
+    except (SafetensorError, ValueError, OSError) as exc:
+        raise ModelFileError(f"{path}: tensors are unreadable ({' '.join(str(exc).split())})") from None
+    return meta, tensors
+
+
+class Model:
+    """A loaded ``.bnn`` model. ``run`` takes normalized NCHW float32; ``predict`` raw images."""
+
+    def __init__(self, meta: dict, tensors: dict, path: str = "<memory>"):
+        self.path = path
+        self.meta = meta
+        where = path
+        try:
+            self.genome = Genome.parse(meta.get("genome"))
+        except ValueError as exc:
+            raise ModelFileError(f"{where}: genome: {exc}") from None
+        shape = meta.get("input_shape")
+        if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(v, int) and v > 0 for v in shape)):
+            raise ModelFileError(f"{where}: input_shape must be 3 positive integers (C, H, W), got {shape!r}")
+        self.input_shape = tuple(shape)
+        self.num_classes = meta.get("num_classes")
+        self.class_names = list(meta.get("class_names") or [])
+        if not isinstance(self.num_classes, int) or len(self.class_names) != self.num_classes:
+            raise ModelFileError(f"{where}: {len(self.class_names)} class names for num_classes={self.num_classes!r}")
+        inp = meta.get("input") or {}
+        c = self.input_shape[0]
+        try:
+            self.mean = np.asarray(inp.get("mean"), dtype=np.float32).reshape(c)
+            self.std = np.asarray(inp.get("std"), dtype=np.float32).reshape(c)
+        except (TypeError, ValueError):
+            raise ModelFileError(f"{where}: input mean/std must have {c} values (input channels)") from None
+        if not np.all(self.std > 0):
+            raise ModelFileError(f"{where}: input std must be positive")
+        self.pixel_max = inp.get("pixel_max")
+        self.layers = self._parse_layers(meta.get("layers"), tensors, where)
+        unused = set(tensors) - self._used
+        if unused:
+            raise ModelFileError(f"{where}: tensors not described by the metadata: {', '.join(sorted(unused))}")
+        self._epilogue = epilogue.load(self.genome)
+        self._plans: dict = {}
+        self.last_timings: list[tuple[str, float]] = []
+
+    # -- structure ---------------------------------------------------------------------------
+    def _parse_layers(self, layers, tensors, where) -> list[dict]:
+        if not isinstance(layers, list) or not layers:
+            raise ModelFileError(f"{where}: 'layers' must be a non-empty list")
+        self._used = set()
+        out = []
+        channels = self.input_shape[0]
+
+        def take(name, shape, dtype, w):
+            self._used.add(name)
+            return _tensor(tensors, name, shape, dtype, w)
+
+        for idx, entry in enumerate(layers):
+            w = f"{where}: layer {idx}"
+            if not isinstance(entry, dict):
+                raise ModelFileError(f"{w} is not an object")
+            op = entry.get("op")
+            if op == "stem":
+                if idx != 0:
+                    raise ModelFileError(f"{w}: the stem must be the first layer")
+                geo = _pairs(entry, w, ("kernel", "stride", "padding", "dilation"))
+                i, o = entry.get("in_channels"), entry.get("out_channels")
+                if i != channels:
+                    raise ModelFileError(f"{w}: stem takes {i} channels, the input has {channels}")
+                p = entry.get("tensors", "stem")
+                out.append({"op": op, **geo, "in": i, "out": o,
+                            "weight": take(f"{p}.weight", (o, i, *geo["kernel"]), np.float32, w),
+                            "scale": take(f"{p}.scale", (o,), np.float32, w),
+                            "shift": take(f"{p}.shift", (o,), np.float32, w)})
+                channels = o
+            elif op == "binary_unit":
+                name = entry.get("name", f"layer{idx}")
+                conv = self._conv(entry.get("conv"), channels, take, f"{w} ({name}) conv")
+                residual = entry.get("residual")
+                if residual not in ("none", "identity", "down"):
+                    raise ModelFileError(f"{w}: residual must be none, identity or down, got {residual!r}")
+                down = None
+                if residual == "identity" and (conv.out_channels != channels or conv.stride != (1, 1)):
+                    raise ModelFileError(f"{w}: an identity shortcut needs stride 1 and equal channels")
+                if residual == "down":
+                    down = self._conv(entry.get("down"), channels, take, f"{w} ({name}) down")
+                    if down.out_channels != conv.out_channels:
+                        raise ModelFileError(f"{w}: down and conv have different output channels")
+                out.append({"op": op, "name": name, "conv": conv, "down": down, "residual": residual})
+                channels = conv.out_channels
+            elif op in ("maxpool2d", "avgpool2d"):
+                geo = _pairs(entry, w, ("kernel", "stride", "padding"))
+                out.append({"op": op, **geo, "count_include_pad": bool(entry.get("count_include_pad", True))})
+            elif op == "global_avgpool":
+                out.append({"op": op})
+            elif op == "linear":
+                p = entry.get("tensors", "classifier")
+                fi, fo = entry.get("in_features"), entry.get("out_features")
+                if fi != channels:
+                    raise ModelFileError(f"{w}: linear takes {fi} features, the previous layer gives {channels}")
+                if fo != self.num_classes:
+                    raise ModelFileError(f"{w}: linear gives {fo} outputs, num_classes is {self.num_classes}")
+                out.append({"op": op, "weight": take(f"{p}.weight", (fo, fi), np.float32, w),
+                            "bias": take(f"{p}.bias", (fo,), np.float32, w)})
+                channels = fo
+            else:
+                raise ModelFileError(f"{w}: unknown op {op!r}")
+        if out[0]["op"] != "stem" or out[-1]["op"] != "linear" or out[-2]["op"] != "global_avgpool":
+            raise ModelFileError(f"{where}: layers must run stem ... global_avgpool, linear")
+        return out
+
+    def _conv(self, entry, channels, take, w) -> Conv:
+        if not isinstance(entry, dict):
+            raise ModelFileError(f"{w}: missing description")
+        geo = _pairs(entry, w, ("kernel", "stride", "padding", "dilation"))
+        i, o = entry.get("in_channels"), entry.get("out_channels")
+        if i != channels:
+            raise ModelFileError(f"{w}: takes {i} channels, the previous layer gives {channels}")
+        if not isinstance(o, int) or o < 1:
+            raise ModelFileError(f"{w}: out_channels must be a positive integer, got {o!r}")
+        p = entry.get("tensors")
+        kh, kw = geo["kernel"]
+        conv = Conv(
+            name=p, in_channels=i, out_channels=o, **geo,
+            bits=take(f"{p}.bits", (o, kh, kw, n_words(i)), np.uint64, w),
+            alpha=take(f"{p}.alpha", (4, o), np.float32, w),
+            scale=take(f"{p}.scale", (o,), np.float32, w),
+            shift=take(f"{p}.shift", (o,), np.float32, w),
+        )
+        tail = i % WORD_BITS
+        if tail and np.any(conv.bits[..., -1] >> np.uint64(tail)):
+            raise ModelFileError(f"{w}: weight bits past channel {i} are set (SPEC section 1: tail bits are zero)")
+        conv.panels = blocked.weight_panels(conv.bits, blocked.TILE_CHANNELS)
+        # popcount of every weight tap, for pw (the weight's window sums).
+        conv.taps = _popcounts(conv.bits.reshape(o * kh * kw, -1)).reshape(o, kh, kw)
+        return conv
+
+    # -- plans ---------------------------------------------------------------------------------
+    def _plan(self, n_img: int):
+        key = (n_img, numba.config.NUMBA_NUM_THREADS)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = _build_plan(self, n_img)
+        return plan
+
+    # -- running -------------------------------------------------------------------------------
+    def check_input(self, x) -> np.ndarray:
+        """Validate a normalized NCHW float32 batch (ValueError naming the problem)."""
+        if not isinstance(x, np.ndarray):
+            raise ValueError(f"input must be a NumPy array, got {type(x).__name__}")
+        if x.dtype != np.float32:
+            raise ValueError(f"normalized input must be float32, got {x.dtype}")
+        if x.ndim != 4 or tuple(x.shape[1:]) != self.input_shape:
+            raise ValueError(f"input has shape {x.shape}; this model takes (N, {', '.join(map(str, self.input_shape))})")
+        if x.shape[0] == 0:
+            raise ValueError("input has no images")
+        return np.ascontiguousarray(x)
+
+    def preprocess(self, images, layout: str | None = None) -> np.ndarray:
+        """Raw images -> normalized float32 NCHW.
+
+        Accepted: uint8 ``(N, H, W, C)`` (HWC, as images are stored), or float32 ``(N, C, H, W)``
+        in the same raw pixel units (0..pixel_max, e.g. 0..255 for CIFAR, 0..16 for digits).
+        Both get ``(pixel - mean[c]) / std[c]``, the normalization the model was trained with.
+        """
+        images = np.asarray(images)
+        c, h, w = self.input_shape
+        if images.dtype == np.uint8:
+            if images.ndim != 4 or tuple(images.shape[1:]) != (h, w, c):
+                raise ValueError(f"uint8 images must be (N, H, W, C) = (N, {h}, {w}, {c}), got {images.shape}")
+            x = np.ascontiguousarray(images.transpose(0, 3, 1, 2)).astype(np.float32)
+        elif images.dtype == np.float32:
+            if images.ndim != 4 or tuple(images.shape[1:]) != (c, h, w):
+                raise ValueError(f"float32 images must be NCHW (N, {c}, {h}, {w}), got {images.shape}")
+            x = images
+        else:
+            raise ValueError(f"images must be uint8 (N, H, W, C) or float32 (N, C, H, W), got dtype {images.dtype}")
+        if images.shape[0] == 0:
+            raise ValueError("input has no images")
+        # Same float32 operations as bnn.data.Dataset.normalize: (x - mean) / std.
+        return ((x - self.mean.reshape(1, c, 1, 1)) / self.std.reshape(1, c, 1, 1)).astype(np.float32)
+
+    def predict(self, images) -> np.ndarray:
+        return self.run(self.preprocess(images))
+
+    def run(self, x, debug: bool = False, timings: bool = False):
+        """Logits (N, classes) float32 for normalized NCHW float32 ``x``.
+
+        ``debug=True`` also returns, per binary convolution, ``{"name", "a", "b", "c", "d"}`` int64
+        (N, O, Ho, Wo) counts and the unit's float output ``"y"``, for parity tests.
+        ``timings=True`` records per-layer seconds in ``self.last_timings``.
+        """
+        x = self.check_input(x)
+        plan = self._plan(x.shape[0])
+        record = [] if debug else None
+        clock = []
+        for layer, step in zip(self.layers, plan.steps):
+            t0 = time.perf_counter() if timings else 0.0
+            x = step(x, record)
+            if timings:
+                clock.append((step.label, time.perf_counter() - t0))
+        if timings:
+            self.last_timings = clock
+        return (x, record) if debug else x
+
+
+def load(path: str) -> Model:
+    """Load and validate a ``.bnn`` file; ``ModelFileError`` (a ValueError) names any problem."""
+    meta, tensors = _read(path)
+    return Model(meta, tensors, path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels (small, generic; the measure-specific epilogue is generated in refimpl/epilogue.py)
+# ----------------------------------------------------------------------------------------------
+@jit
+def _popcounts_kernel(words, out):
+    for r in range(words.shape[0]):
+        total = 0
+        for k in range(words.shape[1]):
+            total += popcount(words[r, k])
+        out[r] = total
+
+
+def _popcounts(words: np.ndarray) -> np.ndarray:
+    out = np.empty(words.shape[0], dtype=np.int64)
+    _popcounts_kernel(np.ascontiguousarray(words), out)
+    return out
+
+
+@jit(parallel=True)
+def _affine_fma(y, scale, shift):
+    # y (N, C, P) float32, in place: fma(y, scale[c], shift[c]).
+    n_img, channels, positions = y.shape
+    for r in prange(n_img * channels):
+        i = r // channels
+        ch = r - i * channels
+        sc, sh = scale[ch], shift[ch]
+        for p in range(positions):
+            y[i, ch, p] = fma32(y[i, ch, p], sc, sh)
+
+
+@jit(parallel=True)
+def _pack_padded(x, width, pad_h, pad_w, bits):
+    # x (N, C, P) float32 -> bits (N, Hp, Wp, K) (zero borders kept): bit 1 where x >= 0.
+    # As in the epilogue, a task owns one image and one word of 64 channels.
+    n_img, channels, positions = x.shape
+    n_k = (channels + 63) // 64
+    for task in prange(n_img * n_k):
+        i = task // n_k
+        word = task - i * n_k
+        acc = np.zeros(positions, dtype=np.uint64)
+        for ch in range(word * 64, min(channels, word * 64 + 64)):
+            bit = np.uint64(1) << np.uint64(ch - word * 64)
+            for p in range(positions):
+                if x[i, ch, p] >= 0:
+                    acc[p] |= bit
+        for p in range(positions):
+            yy = p // width
+            bits[i, yy + pad_h, p - yy * width + pad_w, word] = acc[p]
+
+
+@jit(parallel=True)
+def _window_popcounts(bits, kh, kw, sh, sw, dh, dw, off_h, off_w, out_h, out_w, px):
+    # px[i, oy*out_w + ox] = sum over taps of popcount(bits[i, off_h + oy*sh + ty*dh, ...]).
+    # ``bits`` is zero-padded, so padded taps add 0 without bounds checks: exactly the in-bounds
+    # window sum of SPEC section 1. off_* = buffer padding - layer padding.
+    n_img, hp, wp, n_k = bits.shape
+    for i in prange(n_img):
+        pc = np.empty((hp, wp), dtype=np.int64)
+        for y in range(hp):
+            for x in range(wp):
+                total = 0
+                for k in range(n_k):
+                    total += popcount(bits[i, y, x, k])
+                pc[y, x] = total
+        for oy in range(out_h):
+            for ox in range(out_w):
+                total = 0
+                for ty in range(kh):
+                    yy = off_h + oy * sh + ty * dh
+                    for tx in range(kw):
+                        total += pc[yy, off_w + ox * sw + tx * dw]
+                px[i, oy * out_w + ox] = total
+
+
+# The popcount GEMM. ``blocked.popcount_conv`` is the public entry; it re-derives the weight
+# panels, pads the input and allocates scratch on every call, which at batch 1 costs more than
+# the arithmetic of the small layers. When the tile kernel has the signature this engine was
+# written against, a plan calls it directly with all of that prepared once; otherwise (the
+# kernel changed) the engine falls back to ``popcount_conv`` on an unpadded view.
+_TILE_PARAMS = ("xflat", "wflat", "k_words", "taps_off", "bases", "n_out", "positions",
+                "group_panels", "xscratch", "bscratch", "a")
+
+
+def _tile_kernel():
+    from . import _tiles
+
+    kernel = getattr(_tiles, f"tiles_{blocked.TILE_PIXELS}x{blocked.TILE_CHANNELS}", None)
+    if kernel is None:
+        return None
+    try:
+        params = tuple(inspect.signature(kernel.py_func).parameters)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return kernel if params == _TILE_PARAMS else None
+
+
+class _Gemm:
+    """``a`` (N, O, Ho*Wo) of one binary convolution over a padded word buffer."""
+
+    def __init__(self, conv: Conv, n_img, h, w, buf_pad, out_h, out_w):
+        self.conv = conv
+        self.h, self.w, self.buf_pad = h, w, buf_pad
+        k = conv.bits.shape[-1]
+        kh, kw = conv.kernel
+        self.kernel = _tile_kernel()
+        self.a = np.empty((n_img, conv.out_channels, out_h * out_w), dtype=np.int64)
+        self.out_hw = (out_h, out_w)
+        if self.kernel is None:
+            return
+        P, Q = blocked.TILE_PIXELS, blocked.TILE_CHANNELS
+        # Bases are computed for the buffer's padding (its geometry); a layer padded less than
+        # its buffer reads from an origin shifted by the difference (1x1 shortcut convolutions
+        # share the 3x3 convolution's buffer).
+        self.bases = blocked.pixel_bases(n_img, h, w, conv.stride, buf_pad, out_h, out_w, k)
+        shift = ((buf_pad[0] - conv.padding[0]) * (w + 2 * buf_pad[1]) + (buf_pad[1] - conv.padding[1])) * k
+        self.taps_off = blocked.tap_offsets(kh, kw, conv.dilation, w, buf_pad, k) + shift
+        threads = numba.config.NUMBA_NUM_THREADS
+        self.xscratch = np.empty((threads, kh * kw * k * P), dtype=np.uint64)
+        self.bscratch = np.empty((threads, Q, P), dtype=np.uint64)
+        self.n_tiles = -(-(n_img * out_h * out_w) // P)
+        self.n_panels = -(-conv.out_channels // Q)
+
+    def __call__(self, bits: np.ndarray) -> np.ndarray:
+        conv = self.conv
+        if self.kernel is None:
+            ph, pw_ = self.buf_pad
+            view = bits[:, ph:ph + self.h, pw_:pw_ + self.w]
+            blocked.popcount_conv(view, conv.bits, conv.stride, conv.padding, conv.dilation, *self.out_hw, self.a)
+            return self.a
+        # Same work split as blocked.popcount_conv: enough (tile, panel group) items for every thread.
+        groups = min(self.n_panels, max(1, -(-4 * numba.get_num_threads() // self.n_tiles)))
+        group_panels = -(-self.n_panels // groups)
+        self.kernel(bits.reshape(-1), conv.panels, bits.shape[-1], self.taps_off, self.bases,
+                    conv.out_channels, self.out_hw[0] * self.out_hw[1], group_panels,
+                    self.xscratch, self.bscratch, self.a.reshape(-1))
+        return self.a
+
+
+class _ConvCounts:
+    """Everything per (binary convolution, input shape): GEMM, pw, n, px buffer."""
+
+    def __init__(self, conv: Conv, n_img, h, w, buf_pad):
+        kh, kw = conv.kernel
+        out_h = conv_output_size(h, kh, conv.stride[0], conv.padding[0], conv.dilation[0])
+        out_w = conv_output_size(w, kw, conv.stride[1], conv.padding[1], conv.dilation[1])
+        if out_h <= 0 or out_w <= 0:
+            raise ValueError(f"{conv.name}: a {kh}x{kw} kernel does not fit a {h}x{w} input")
+        self.conv, self.out_h, self.out_w = conv, out_h, out_w
+        self.gemm = _Gemm(conv, n_img, h, w, buf_pad, out_h, out_w)
+        geo = (conv.stride, conv.padding, conv.dilation, out_h, out_w)
+        pw = np.empty((conv.out_channels, out_h, out_w), dtype=np.int64)
+        _weight_window_sums(conv.taps, h, w, *geo, pw)
+        taps = np.empty((1, out_h, out_w), dtype=np.int64)
+        _window_sums(np.ones((1, h, w), dtype=np.int64), kh, kw, *geo, taps)
+        self.pw = pw.reshape(conv.out_channels, -1)
+        self.n = taps.reshape(-1) * conv.in_channels
+        self.px = np.empty((n_img, out_h * out_w), dtype=np.int64)
+        self.off = (buf_pad[0] - conv.padding[0], buf_pad[1] - conv.padding[1])
+
+    def __call__(self, bits):
+        c = self.conv
+        _window_popcounts(bits, *c.kernel, *c.stride, *c.dilation, *self.off, self.out_h, self.out_w, self.px)
+        return self.gemm(bits), self.px
+
+    def counts(self, a):
+        """a, b, c, d (N, O, Ho, Wo) from the identities, for debug mode."""
+        px, pw, n = self.px[:, None, :], self.pw[None], self.n[None, None]
+        shape = (a.shape[0], a.shape[1], self.out_h, self.out_w)
+        return tuple(v.reshape(shape) for v in (a.copy(), pw - a, px - a, n - px - pw + a))
+
+
+# ----------------------------------------------------------------------------------------------
+# Plans: one callable step per layer, with its buffers
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class _Plan:
+    steps: list
+
+
+def _needs_bits(layers, idx):
+    """The padding of the binary unit right after layer idx, or None if the next layer is not one."""
+    if idx + 1 < len(layers) and layers[idx + 1]["op"] == "binary_unit":
+        nxt = layers[idx + 1]
+        convs = [nxt["conv"]] + ([nxt["down"]] if nxt["down"] is not None else [])
+        return (max(c.padding[0] for c in convs), max(c.padding[1] for c in convs))
+    return None
+
+
+def _bits_buffer(n_img, c, h, w, pad):
+    return np.zeros((n_img, h + 2 * pad[0], w + 2 * pad[1], n_words(c)), dtype=np.uint64)
+
+
+class _Step:
+    label = "?"
+    bits_out = None  # the packed activation this step leaves for the next binary unit
+
+
+def _build_plan(model: Model, n_img: int) -> _Plan:
+    steps = []
+    c, h, w = model.input_shape
+    prev_bits = None
+    for idx, layer in enumerate(model.layers):
+        op = layer["op"]
+        nxt_pad = _needs_bits(model.layers, idx)
+        if op == "stem":
+            step = _StemStep(layer, n_img, c, h, w, nxt_pad)
+        elif op == "binary_unit":
+            step = _UnitStep(model, layer, n_img, c, h, w, prev_bits, nxt_pad)
+        elif op in ("maxpool2d", "avgpool2d"):
+            step = _PoolStep(layer, n_img, c, h, w, nxt_pad)
+        elif op == "global_avgpool":
+            step = _GlobalPoolStep()
+        else:
+            step = _LinearStep(layer)
+        c, h, w = getattr(step, "out_chw", (c, h, w))
+        prev_bits = step.bits_out
+        steps.append(step)
+    return _Plan(steps)
+
+
+class _StemStep(_Step):
+    def __init__(self, layer, n_img, c, h, w, nxt_pad):
+        self.label = "stem"
+        self.layer = layer
+        kh, kw = layer["kernel"]
+        (sh, sw), (ph, pw_), (dh, dw) = layer["stride"], layer["padding"], layer["dilation"]
+        self.out_h = conv_output_size(h, kh, sh, ph, dh)
+        self.out_w = conv_output_size(w, kw, sw, pw_, dw)
+        o = layer["out"]
+        self.out_chw = (o, self.out_h, self.out_w)
+        # (C*KH*KW, O) weight matrix, rows in the order of the im2col columns below.
+        self.wmat = np.ascontiguousarray(layer["weight"].reshape(o, -1).T)
+        self.pad = nxt_pad
+        self.bits_out = _bits_buffer(n_img, o, self.out_h, self.out_w, nxt_pad) if nxt_pad else None
+
+    def __call__(self, x, record):
+        L = self.layer
+        (kh, kw), (sh, sw), (ph, pw_), (dh, dw) = L["kernel"], L["stride"], L["padding"], L["dilation"]
+        n_img, c = x.shape[:2]
+        xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw_, pw_))) if ph or pw_ else x
+        # im2col: (N, C, KH, KW, Ho, Wo) gathered by strided slices, then one GEMM.
+        cols = np.empty((n_img, c, kh, kw, self.out_h, self.out_w), dtype=np.float32)
+        for ty in range(kh):
+            for tx in range(kw):
+                y0, x0 = ty * dh, tx * dw
+                cols[:, :, ty, tx] = xp[:, :, y0:y0 + sh * (self.out_h - 1) + 1:sh, x0:x0 + sw * (self.out_w - 1) + 1:sw]
+        cols = cols.reshape(n_img, c * kh * kw, self.out_h * self.out_w)
+        y = np.matmul(self.wmat.T[None], cols)  # (N, O, P), float32 accumulation
+        # Folded BatchNorm with torch's fused multiply-add (refimpl/_fma.py), in place.
+        _affine_fma(y, L["scale"], L["shift"])
+        if self.bits_out is not None:
+            _pack_padded(y, self.out_w, self.pad[0], self.pad[1], self.bits_out)
+        return y.reshape(n_img, -1, self.out_h, self.out_w)
+
+
+class _UnitStep(_Step):
+    def __init__(self, model, layer, n_img, c, h, w, prev_bits, nxt_pad):
+        self.label = layer["name"]
+        self.layer = layer
+        self.ep = model._epilogue
+        conv, down = layer["conv"], layer["down"]
+        pad = _needs_bits([None, layer], 0)
+        self.bits_in = prev_bits  # written by the previous step
+        if prev_bits is None or prev_bits.shape[1:3] != (h + 2 * pad[0], w + 2 * pad[1]):
+            raise AssertionError("plan: the previous step did not pack for this unit")
+        self.main = _ConvCounts(conv, n_img, h, w, pad)
+        self.down = _ConvCounts(down, n_img, h, w, pad) if down is not None else None
+        if self.down is not None and (self.down.out_h, self.down.out_w) != (self.main.out_h, self.main.out_w):
+            raise ValueError(f"{layer['name']}: shortcut output {self.down.out_h}x{self.down.out_w} "
+                             f"!= conv output {self.main.out_h}x{self.main.out_w}")
+        oh, ow = self.main.out_h, self.main.out_w
+        self.out_chw = (conv.out_channels, oh, ow)
+        self.out = np.empty((n_img, conv.out_channels, oh * ow), dtype=np.float32)
+        self.pack = nxt_pad is not None
+        self.pad = nxt_pad or (0, 0)
+        self.bits_out = _bits_buffer(n_img, conv.out_channels, oh, ow, nxt_pad) if self.pack else None
+        self._dummy_bits = np.zeros((1, 1, 1, 1), dtype=np.uint64)
+
+    def __call__(self, x, record):
+        L, conv = self.layer, self.layer["conv"]
+        a, px = self.main(self.bits_in)
+        bits = self.bits_out if self.pack else self._dummy_bits
+        tail = (self.out, bits, self.pack, self.main.out_w, self.pad[0], self.pad[1])
+        head = (a, px, self.main.pw, self.main.n, conv.alpha, conv.scale, conv.shift)
+        if L["residual"] == "none":
+            self.ep.epilogue_none(*head, *tail)
+        elif L["residual"] == "identity":
+            self.ep.epilogue_identity(*head, x.reshape(self.out.shape), *tail)
+        else:
+            d = L["down"]
+            a2, px2 = self.down(self.bits_in)
+            self.ep.epilogue_down(*head, a2, px2, self.down.pw, self.down.n, d.alpha, d.scale, d.shift, *tail)
+        n_img = x.shape[0]
+        y = self.out.reshape(n_img, *self.out_chw)
+        if record is not None:
+            record.append({"name": f"{L['name']}.conv", **dict(zip("abcd", self.main.counts(a))), "y": y.copy()})
+            if self.down is not None:
+                record.append({"name": f"{L['name']}.down", **dict(zip("abcd", self.down.counts(a2)))})
+        # The buffer is reused by the next call: hand out a copy only where the caller keeps it
+        # beyond the next layer (the last layer's output is consumed at once by the pool).
+        return y
+
+
+class _PoolStep(_Step):
+    def __init__(self, layer, n_img, c, h, w, nxt_pad):
+        self.label = layer["op"]
+        self.layer = layer
+        (kh, kw), (sh, sw), (ph, pw_) = layer["kernel"], layer["stride"], layer["padding"]
+        self.out_h = (h + 2 * ph - kh) // sh + 1
+        self.out_w = (w + 2 * pw_ - kw) // sw + 1
+        self.out_chw = (c, self.out_h, self.out_w)
+        self.pad = nxt_pad
+        self.bits_out = _bits_buffer(n_img, c, self.out_h, self.out_w, nxt_pad) if nxt_pad else None
+
+    def __call__(self, x, record):
+        L = self.layer
+        (kh, kw), (sh, sw), (ph, pw_) = L["kernel"], L["stride"], L["padding"]
+        is_max = L["op"] == "maxpool2d"
+        if ph or pw_:
+            # Max-pool pads with -inf (never chosen); avg-pool with zeros (counted in the divisor
+            # when count_include_pad, torch's default).
+            fill = -np.inf if is_max else 0.0
+            x = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw_, pw_)), constant_values=fill)
+        oh, ow = self.out_h, self.out_w
+        acc = None
+        # Taps in (ty, tx) order, as torch's CPU pooling loops accumulate them.
+        for ty in range(kh):
+            for tx in range(kw):
+                v = x[:, :, ty:ty + sh * (oh - 1) + 1:sh, tx:tx + sw * (ow - 1) + 1:sw]
+                if acc is None:
+                    acc = v.astype(np.float32, copy=True)
+                elif is_max:
+                    np.maximum(acc, v, out=acc)  # NaN propagates, as in torch
+                else:
+                    acc += v
+        if not is_max:
+            if L["count_include_pad"] or not (ph or pw_):
+                acc = acc / np.float32(kh * kw)
+            else:
+                hh, ww = x.shape[2] - 2 * ph, x.shape[3] - 2 * pw_
+                ys = np.arange(oh) * sh - ph
+                xs = np.arange(ow) * sw - pw_
+                cy = np.minimum(ys + kh, hh) - np.maximum(ys, 0)
+                cx = np.minimum(xs + kw, ww) - np.maximum(xs, 0)
+                acc = acc / (cy[:, None] * cx[None, :]).astype(np.float32)
+        acc = np.ascontiguousarray(acc, dtype=np.float32)
+        if self.bits_out is not None:
+            n_img, c = acc.shape[:2]
+            _pack_padded(acc.reshape(n_img, c, -1), ow, self.pad[0], self.pad[1], self.bits_out)
+        return acc
+
+
+class _GlobalPoolStep(_Step):
+    label = "global_avgpool"
+
+    def __call__(self, x, record):
+        n_img, c = x.shape[:2]
+        return x.reshape(n_img, c, -1).mean(axis=2, dtype=np.float32)
+
+
+class _LinearStep(_Step):
+    label = "classifier"
+
+    def __init__(self, layer):
+        self.wt = np.ascontiguousarray(layer["weight"].T)
+        self.bias = layer["bias"]
+
+    def __call__(self, x, record):
+        return (x @ self.wt + self.bias).astype(np.float32, copy=False)
