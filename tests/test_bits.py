@@ -1,0 +1,62 @@
+"""Bit packing (SPEC section 1): round trips across word boundaries, zero tail bits."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refimpl.bits import WORD_BITS, n_words, pack_bits, pack_nchw, unpack_bits
+
+WIDTHS = [1, 3, 32, 33, 63, 64, 65, 128, 129]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_pack_unpack_round_trip(width):
+    rng = np.random.default_rng(width)
+    bits = rng.random((5, width)) < 0.5
+    words = pack_bits(bits)
+    assert words.dtype == np.uint64 and words.shape == (5, n_words(width))
+    assert np.array_equal(unpack_bits(words, width), bits)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_pm1_values_pack_like_booleans_and_zero_is_a_one_bit(width):
+    rng = np.random.default_rng(width + 1)
+    values = rng.choice([-1.0, 0.0, 1.0], size=(4, width))
+    assert np.array_equal(pack_bits(values), pack_bits(values >= 0))
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_tail_bits_are_zero(width):
+    words = pack_bits(np.ones((3, width), dtype=bool))
+    tail = n_words(width) * WORD_BITS - width
+    last = words[:, -1]
+    if tail:
+        assert np.all(last >> np.uint64(WORD_BITS - tail) == 0), "bits past the end must be 0"
+    total = sum(bin(int(v)).count("1") for v in words.reshape(-1))
+    assert total == 3 * width
+
+
+def test_bit_order_is_least_significant_first():
+    bits = np.zeros(130, dtype=bool)
+    bits[[0, 63, 64, 129]] = True
+    words = pack_bits(bits)
+    assert words.tolist() == [1 | (1 << 63), 1, 1 << 1]
+
+
+@pytest.mark.parametrize("channels", WIDTHS)
+def test_pack_nchw_equals_pack_bits_of_moved_axis(channels):
+    rng = np.random.default_rng(channels)
+    x = rng.choice([-1.0, 0.0, 1.0], size=(2, channels, 3, 5)).astype(np.float32)
+    expected = pack_bits(np.moveaxis(x, 1, -1))
+    assert np.array_equal(pack_nchw(x), expected)
+    assert np.array_equal(pack_nchw(x >= 0), expected)
+
+
+def test_unpack_refuses_more_bits_than_the_words_hold():
+    with pytest.raises(ValueError, match="hold at most 64 bits"):
+        unpack_bits(np.zeros((2, 1), dtype=np.uint64), 65)
+
+
+def test_pack_refuses_non_numbers():
+    with pytest.raises(ValueError, match="dtype"):
+        pack_bits(np.array(["a", "b"]))
