@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 
 import refimpl
-from refimpl import gemm
-from refimpl.bits import pack_bits, pack_nchw
 
 
 def _with_threads(n, fn, *args, **kwargs):
@@ -47,15 +45,3 @@ def test_measure_serial_equals_parallel():
             serial = _with_threads(1, refimpl.measure, name, *counts, dtype=dtype)
             parallel = _with_threads(2, refimpl.measure, name, *counts, dtype=dtype)
             assert np.array_equal(serial, parallel, equal_nan=True), (name, dtype)
-
-
-def test_simple_kernel_equals_its_python_source():
-    # The jitted prange loop against the same function run as plain Python (truly serial).
-    rng = np.random.default_rng(2)
-    xp = pack_nchw(rng.standard_normal((2, 70, 5, 4)))
-    wp = pack_bits(np.moveaxis(rng.standard_normal((3, 70, 3, 3)), 1, -1))
-    args = ((1, 1), (1, 1), (1, 1), 5, 4)
-    jitted, plain = (np.empty((2, 3, 5, 4), dtype=np.int64) for _ in range(2))
-    gemm._conv_simple(xp, wp, *args, jitted)
-    gemm._conv_simple.py_func(xp, wp, *args, plain)
-    assert np.array_equal(jitted, plain)
