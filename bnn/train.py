@@ -1,0 +1,517 @@
+"""Train a BNN: ``python -m bnn.train`` and ``train_model(TrainConfig(...))`` for the search.
+
+Sections in execution order: hyperparameters, config and result, checkpoints, evaluation,
+training, command line.
+
+Accuracies are fractions in 0..1 everywhere (API, metrics.jsonl, JSON output).
+
+Resume is exact on CPU: every random draw of an epoch comes from one CPU ``torch.Generator``
+whose state, with the model, optimizer, scheduler and global RNG states, is in the checkpoint
+written after every epoch; the metrics history is in the checkpoint too, and ``metrics.jsonl`` is
+rewritten from it on resume, so a kill between the two writes cannot duplicate or drop a line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from refimpl.genome import Genome
+
+from .data import Dataset, load_dataset
+from .models import MODELS, build_model
+
+# =============================================================================================
+# Hyperparameters: the only place they are set.
+# Adam betas (0.9, 0.999) and no weight decay everywhere (the paper's setting).
+PRESETS = {
+    # The paper's evaluation tables: 300 epochs, lr 5e-3 divided by 5 at the milestones.
+    "paper-eval": dict(epochs=300, batch_size=128, lr=5e-3, milestones=(80, 150, 200, 240, 270), gamma=0.2),
+    # The paper's fitness: ResNet-18 on CIFAR-10, 15 epochs at a constant lr 5e-3.
+    "fitness": dict(epochs=15, batch_size=128, lr=5e-3, milestones=(), gamma=0.2),
+    # The embedded default: 1,293 training images, about 10 steps an epoch. The last quarter at a
+    # fifth of the lr settles BatchNorm statistics and the sign flips of the weights.
+    "digits": dict(epochs=40, batch_size=128, lr=5e-3, milestones=(30,), gamma=0.2),
+}
+DEFAULT_PRESET = {"digits": "digits", "cifar10": "fitness", "cifar100": "fitness"}
+DEFAULT_MODEL = {"digits": "digits_net", "cifar10": "resnet18", "cifar100": "resnet18"}
+ADAM_BETAS = (0.9, 0.999)
+EVAL_BATCH = 500  # images per evaluation forward pass; memory only, not accuracy
+# On CUDA the loss is checked for NaN/inf every this many steps, not every step: each check
+# waits for the GPU, and a diverged run loses at most these steps.
+CUDA_FINITE_CHECK_EVERY = 16
+
+STATUSES = ("ok", "rejected", "diverged")
+_DIGITS = PRESETS["digits"]
+
+
+# =============================================================================================
+# Config and result
+
+
+@dataclass
+class TrainConfig:
+    model: str = "digits_net"
+    dataset: str = "digits"
+    measure: str = "baseline"
+    epochs: int = _DIGITS["epochs"]
+    batch_size: int = _DIGITS["batch_size"]
+    lr: float = _DIGITS["lr"]
+    seed: int = 0
+    device: str = "cpu"
+    data_dir: str | None = None
+    val_size: int | None = None  # None: 5000 for CIFAR, 10% for digits
+    milestones: tuple[int, ...] = _DIGITS["milestones"]  # epochs after which lr *= gamma
+    gamma: float = _DIGITS["gamma"]
+    out_dir: str | None = None  # None: no files at all (the search's fitness runs)
+    split_seed: int = 0  # chooses the validation split; fixed so every run shares one val set
+    eval_test: bool = True  # evaluate the test set at the end of an "ok" run
+    compile: bool = False  # torch.compile the model (CUDA)
+    resume: bool = False  # continue from out_dir/checkpoint.pt if it exists
+    download: bool = False
+
+    def __post_init__(self) -> None:
+        self.milestones = tuple(int(m) for m in self.milestones)
+
+    @classmethod
+    def from_preset(cls, preset: str, **overrides) -> "TrainConfig":
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[preset], **overrides})
+
+    def validate(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
+        self.measure = str(Genome.parse(self.measure))
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+
+
+@dataclass
+class TrainResult:
+    status: str  # "ok" | "rejected" | "diverged"
+    val_acc: float | None  # last epoch's; for "diverged" the accuracy at the moment it diverged
+    val_acc_per_epoch: list[float] = field(default_factory=list)
+    test_acc: float | None = None
+    epochs: int = 0  # epochs trained; a diverged epoch counts
+    wall_s: float = 0.0
+    test_top5: float | None = None
+    train_loss: float | None = None  # last epoch's mean training loss
+    config: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# =============================================================================================
+# Devices, seeds, checkpoints
+
+
+def resolve_device(name: str, dataset: str = "digits") -> torch.device:
+    if name in (None, "auto"):
+        # digits is too small to keep a GPU busy; its default is the CPU.
+        name = "cuda" if torch.cuda.is_available() and dataset != "digits" else "cpu"
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return dev
+
+
+def _rng_state(gen: torch.Generator) -> dict:
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        # Stored as tensors and plain values so the checkpoint loads with weights_only=True.
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
+        "python": random.getstate(),
+        "data": gen.get_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict, gen: torch.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), cached))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    gen.set_state(state["data"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _atomic_write(path: str, write) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _save_checkpoint(path, model, optimizer, scheduler, gen, cfg, data, epoch, history, status, test):
+    ckpt = {
+        "format": "bnn-train-checkpoint",
+        "version": 1,
+        "config": {**asdict(cfg), "milestones": list(cfg.milestones)},
+        "model_config": dict(model.config),
+        "data": data.describe(),
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": _rng_state(gen),
+        "epoch": epoch,
+        "history": history,
+        "status": status,  # "running" until the last epoch, then one of STATUSES
+        "test": test,  # (top-1, top-5) once the run is done and the test set was evaluated
+    }
+    _atomic_write(path, lambda tmp: torch.save(ckpt, tmp))
+
+
+def load_checkpoint(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path!r}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for a truncated or foreign file
+        raise ValueError(f"{path} is not a readable checkpoint ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != "bnn-train-checkpoint":
+        raise ValueError(f"{path} is not a bnn.train checkpoint")
+    return ckpt
+
+
+def _write_metrics(path: str, history: list[dict]) -> None:
+    def write(tmp):
+        with open(tmp, "w") as f:
+            for row in history:
+                f.write(json.dumps(row) + "\n")
+
+    _atomic_write(path, write)
+
+
+# =============================================================================================
+# Evaluation
+
+
+@torch.no_grad()
+def evaluate(model, data: Dataset, x: torch.Tensor, y: torch.Tensor) -> tuple[float | None, float | None]:
+    """(top-1, top-5) accuracy as fractions; (None, None) for an empty split."""
+    if len(y) == 0:
+        return None, None
+    was_training = model.training
+    model.eval()
+    k = min(5, data.num_classes)
+    top1 = top5 = torch.zeros((), dtype=torch.int64, device=y.device)
+    for i in range(0, len(y), EVAL_BATCH):
+        logits = model(data.normalize(x[i:i + EVAL_BATCH]))
+        target = y[i:i + EVAL_BATCH]
+        # NaN logits count as wrong (argmax would pick the NaN's index, a random class).
+        ok = torch.isfinite(logits).all(dim=1)
+        best = logits.topk(k, dim=1).indices
+        top1 = top1 + ((best[:, 0] == target) & ok).sum()
+        top5 = top5 + ((best == target[:, None]).any(dim=1) & ok).sum()
+    model.train(was_training)
+    n = len(y)
+    return top1.item() / n, top5.item() / n
+
+
+# =============================================================================================
+# Training
+
+
+def _setup_backend(device: torch.device) -> None:
+    if device.type == "cuda":
+        # Counts are exact in TF32 (0/1 operands, float32 accumulation; SPEC §1).
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+
+
+def _seed_everything(seed: int) -> torch.Generator:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+    gen = torch.Generator()
+    gen.manual_seed(seed + 1)  # the data stream differs from the init stream
+    return gen
+
+
+def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: float | None = None,
+                progress: bool = False, _stop_after_epoch: int | None = None) -> TrainResult:
+    """Train one model; never raises for a diverging measure (status "diverged").
+
+    ``data``: a preloaded ``bnn.data.load_dataset(...)`` result to share across runs.
+    ``reject_below``: after epoch 1, a validation accuracy below it stops the run ("rejected").
+    ``_stop_after_epoch``: for tests, return after that epoch's checkpoint as if killed.
+    """
+    t0 = time.perf_counter()
+    cfg.validate()
+    device = resolve_device(cfg.device, cfg.dataset)
+    _setup_backend(device)
+    ckpt_path = metrics_path = None
+    if cfg.out_dir:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        ckpt_path = os.path.join(cfg.out_dir, "checkpoint.pt")
+        metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")
+    ckpt = load_checkpoint(ckpt_path) if cfg.resume and ckpt_path and os.path.isfile(ckpt_path) else None
+    if ckpt is not None:
+        saved = ckpt["config"]
+        for key in ("model", "dataset", "measure", "seed", "split_seed", "batch_size", "lr", "gamma"):
+            if saved[key] != getattr(cfg, key):
+                raise ValueError(f"cannot resume {ckpt_path}: it was trained with {key}={saved[key]!r}, not {getattr(cfg, key)!r}")
+
+    if data is None:
+        data = load_dataset(cfg.dataset, cfg.data_dir, cfg.val_size, cfg.split_seed, device, cfg.download)
+    elif data.name != cfg.dataset.lower().replace("-", "") or data.device.type != device.type:
+        raise ValueError(f"preloaded data is {data.name} on {data.device}, config wants {cfg.dataset} on {device}")
+
+    gen = _seed_everything(cfg.seed)
+    model = build_model(cfg.model, cfg.measure, data.num_classes, data.input_shape).to(device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=ADAM_BETAS)
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(cfg.milestones), gamma=cfg.gamma)
+    history: list[dict] = []
+    start_epoch = 0
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        _set_rng_state(ckpt["rng"], gen)
+        history, start_epoch = list(ckpt["history"]), int(ckpt["epoch"])
+        # A finished run is reported, not retrained, unless an "ok" run is given more epochs.
+        if ckpt["status"] in STATUSES and not (ckpt["status"] == "ok" and cfg.epochs > start_epoch):
+            return _finish(cfg, ckpt["status"], history, ckpt.get("test"), t0)
+        if metrics_path:
+            _write_metrics(metrics_path, history)
+    elif metrics_path:
+        _write_metrics(metrics_path, [])
+    forward = torch.compile(model) if cfg.compile else model
+
+    status, test = "running", None
+    wall_offset = history[-1]["wall_s"] if history else 0.0  # wall_s counts across resumes
+    n_train = len(data.train_y)
+    steps = math.ceil(n_train / cfg.batch_size)
+    check_every = CUDA_FINITE_CHECK_EVERY if device.type == "cuda" else 1
+    for epoch in range(start_epoch + 1, cfg.epochs + 1):
+        model.train()
+        t_epoch = time.perf_counter()
+        plan = data.epoch_plan(gen)
+        loss_sum = torch.zeros((), device=device)
+        correct = torch.zeros((), dtype=torch.int64, device=device)
+        finite = torch.ones((), dtype=torch.bool, device=device)
+        seen = 0
+        bar = _progress(steps, f"epoch {epoch}/{cfg.epochs}", progress)
+        for step in range(steps):
+            idx = plan["perm"][step * cfg.batch_size:(step + 1) * cfg.batch_size]
+            x = data.augment(data.train_x[idx], plan["offsets"][idx], plan["flips"][idx])
+            y = data.train_y[idx]
+            logits = forward(data.normalize(x))
+            loss = F.cross_entropy(logits, y)
+            finite = finite & torch.isfinite(loss)
+            if (step + 1) % check_every == 0 or step == steps - 1:
+                if not finite.item():
+                    status = "diverged"
+                    break
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss_sum += loss.detach() * len(y)
+            correct += (logits.detach().argmax(1) == y).sum()
+            seen += len(y)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        train_s = time.perf_counter() - t_epoch
+        val_acc, _ = evaluate(model, data, data.val_x, data.val_y)
+        row = {
+            "epoch": epoch,
+            "train_loss": loss_sum.item() / seen if seen else float("nan"),
+            "train_acc": correct.item() / seen if seen else 0.0,
+            "val_acc": val_acc,
+            "lr": optimizer.param_groups[0]["lr"],
+            "images_per_s": seen / train_s if train_s > 0 else None,
+            "wall_s": wall_offset + time.perf_counter() - t0,
+            "status": status if status == "diverged" else "ok",
+        }
+        if status == "diverged":
+            row["train_loss"] = float("nan")  # the loss that ended the run was not finite
+        else:
+            scheduler.step()
+        if status != "diverged" and epoch == 1 and reject_below is not None and val_acc is not None and val_acc < reject_below:
+            status = row["status"] = "rejected"
+        history.append(_json_safe(row))
+        if status == "running" and epoch == cfg.epochs:
+            status = "ok"
+            if cfg.eval_test:
+                test = evaluate(model, data, data.test_x, data.test_y)
+        if metrics_path:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(history[-1]) + "\n")
+        if ckpt_path:
+            _save_checkpoint(ckpt_path, model, optimizer, scheduler, gen, cfg, data, epoch, history, status, test)
+        if progress:
+            print(_epoch_line(history[-1]), file=sys.stderr, flush=True)
+        if status != "running" or (_stop_after_epoch is not None and epoch >= _stop_after_epoch):
+            break
+    if status == "running" and start_epoch >= cfg.epochs:
+        status = "ok"  # resumed a run whose epochs were all done
+    return _finish(cfg, status, history, test, t0)
+
+
+def _finish(cfg, status, history, test, t0) -> TrainResult:
+    test = test or (None, None)
+    vals = [r["val_acc"] for r in history]
+    result = TrainResult(
+        status=status,
+        val_acc=vals[-1] if vals else None,
+        val_acc_per_epoch=vals,
+        test_acc=test[0],
+        epochs=len(history),
+        wall_s=time.perf_counter() - t0,
+        test_top5=test[1],
+        train_loss=history[-1]["train_loss"] if history else None,
+        config={**asdict(cfg), "milestones": list(cfg.milestones)},
+    )
+    if cfg.out_dir and status in STATUSES:
+        _atomic_write(os.path.join(cfg.out_dir, "summary.json"),
+                      lambda tmp: _write_text(tmp, json.dumps(_json_safe(result.to_dict())) + "\n"))
+    return result
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _json_safe(row: dict) -> dict:
+    # JSON has no NaN; a non-finite number is written as null.
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
+
+
+def _epoch_line(row: dict) -> str:
+    def pct(v):
+        return "  n/a " if v is None else f"{100 * v:6.2f}"
+
+    loss = "nan" if row["train_loss"] is None else f"{row['train_loss']:.4f}"
+    return (f"epoch {row['epoch']:3d}  loss {loss}  train {pct(row['train_acc'])}%  val {pct(row['val_acc'])}%  "
+            f"lr {row['lr']:.2e}  {row['images_per_s'] or 0:8.0f} img/s  {row['status']}")
+
+
+# =============================================================================================
+# Command line
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m bnn.train", description="Train a binarized network with a searched similarity measure.")
+    p.add_argument("--model", help=f"one of {', '.join(MODELS)} (default: digits_net for digits, resnet18 for CIFAR)")
+    p.add_argument("--dataset", default="digits", help="digits (default, embedded), cifar10 or cifar100")
+    p.add_argument("--data-dir", help="folder holding the CIFAR archives (default: $BNN_DATA_DIR or ./data)")
+    p.add_argument("--measure", default="baseline", help="genome: a name (baseline, M1..M10), '0-0-0-0-0-0-1' or '0000001'")
+    p.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default: digits for digits, fitness for CIFAR)")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--milestones", help="comma-separated epochs after which the lr is multiplied by gamma")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA if available; CPU for digits)")
+    p.add_argument("--out", help="run folder for metrics.jsonl, checkpoint.pt, summary.json (default: runs/DATASET-MODEL-MEASURE-sSEED)")
+    p.add_argument("--val-size", type=int, help="validation images held out of train (default: 5000 CIFAR, 10%% digits)")
+    p.add_argument("--resume", metavar="OUT", help="continue the run in folder OUT from its checkpoint")
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--download", action="store_true", help="download CIFAR with torchvision if it is missing")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or per-epoch lines on stderr")
+    return p
+
+
+def config_from_args(args) -> TrainConfig:
+    if args.resume:
+        ckpt = load_checkpoint(os.path.join(args.resume, "checkpoint.pt"))
+        saved = dict(ckpt["config"])
+        saved.update(out_dir=args.resume, resume=True)
+        if args.epochs is not None:
+            saved["epochs"] = args.epochs  # extending a finished run is allowed
+        if args.device != "auto":
+            saved["device"] = args.device
+        known = {f.name for f in fields(TrainConfig)}
+        return TrainConfig(**{k: v for k, v in saved.items() if k in known})
+    dataset = args.dataset.lower().replace("-", "")
+    preset = args.preset or DEFAULT_PRESET.get(dataset)
+    if preset is None:
+        raise ValueError(f"unknown dataset {args.dataset!r}; choose one of {', '.join(DEFAULT_PRESET)}")
+    model = args.model or DEFAULT_MODEL[dataset]
+    measure = str(Genome.parse(args.measure))
+    overrides = {k: v for k, v in (("epochs", args.epochs), ("batch_size", args.batch_size), ("lr", args.lr)) if v is not None}
+    if args.milestones is not None:
+        try:
+            overrides["milestones"] = tuple(int(v) for v in args.milestones.split(",") if v.strip())
+        except ValueError:
+            raise ValueError(f"--milestones must be comma-separated integers, got {args.milestones!r}") from None
+    name = Genome.parse(measure).name or measure
+    out = args.out or os.path.join("runs", f"{dataset}-{model}-{name}-s{args.seed}")
+    return TrainConfig.from_preset(
+        preset, model=model, dataset=dataset, measure=measure, seed=args.seed, device=args.device,
+        data_dir=args.data_dir, val_size=args.val_size, out_dir=out, compile=args.compile,
+        download=args.download, **overrides,
+    )
+
+
+# Tests set this to simulate a kill: the process exits abruptly right after that epoch's
+# checkpoint, so a second process must resume from the files alone.
+_KILL_ENV = "BNN_TRAIN_KILL_AFTER_EPOCH"
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    kill_after = int(os.environ[_KILL_ENV]) if os.environ.get(_KILL_ENV) else None
+    try:
+        cfg = config_from_args(args)
+        result = train_model(cfg, progress=not args.no_progress, _stop_after_epoch=kill_after)
+        if result.status == "running":
+            sys.stdout.flush()
+            os._exit(137)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    summary = {k: result.to_dict()[k] for k in ("status", "epochs", "val_acc", "test_acc", "test_top5", "wall_s")}
+    summary.update(model=cfg.model, dataset=cfg.dataset, measure=cfg.measure, seed=cfg.seed, out=cfg.out_dir)
+    if args.json:
+        print(json.dumps(_json_safe(summary)))
+    else:
+        test = "n/a" if result.test_acc is None else f"{100 * result.test_acc:.2f}%"
+        print(f"{result.status}: {cfg.model} on {cfg.dataset} with {cfg.measure}, {result.epochs} epochs, "
+              f"test accuracy {test}, {result.wall_s:.1f} s; run folder {cfg.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
