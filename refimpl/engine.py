@@ -325,14 +325,41 @@ class Model:
         plan = self._plan(x.shape[0])
         record = [] if debug else None
         clock = []
-        for layer, step in zip(self.layers, plan.steps):
-            t0 = time.perf_counter() if timings else 0.0
-            x = step(x, record)
-            if timings:
-                clock.append((step.label, time.perf_counter() - t0))
+        with _single_threaded_blas():
+            for step in plan.steps:
+                t0 = time.perf_counter() if timings else 0.0
+                x = step(x, record)
+                if timings:
+                    clock.append((step.label, time.perf_counter() - t0))
         if timings:
             self.last_timings = clock
         return (x, record) if debug else x
+
+
+_BLAS_CONTROLLER = []
+
+
+def _single_threaded_blas():
+    """A context holding NumPy's BLAS (the stem and classifier matmuls) to one thread.
+
+    Those matmuls are small; OpenBLAS would wake its own worker threads for them, which then
+    compete with Numba's threads for the same cores (measured: a 30 us stem matmul took 30 ms
+    on a busy 2-core machine). Parallelism is Numba's job here. Without threadpoolctl (a
+    scikit-learn dependency) this is a no-op.
+    """
+    if not _BLAS_CONTROLLER:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _BLAS_CONTROLLER.append(ThreadpoolController())
+        except ImportError:
+            _BLAS_CONTROLLER.append(None)
+    controller = _BLAS_CONTROLLER[0]
+    if controller is None:
+        import contextlib
+
+        return contextlib.nullcontext()
+    return controller.limit(limits=1, user_api="blas")
 
 
 def load(path: str) -> Model:
@@ -382,10 +409,10 @@ def _pack_padded(x, width, pad_h, pad_w, bits):
         word = task - i * n_k
         acc = np.zeros(positions, dtype=np.uint64)
         for ch in range(word * 64, min(channels, word * 64 + 64)):
-            bit = np.uint64(1) << np.uint64(ch - word * 64)
+            shift_bit = np.uint64(ch - word * 64)
             for p in range(positions):
-                if x[i, ch, p] >= 0:
-                    acc[p] |= bit
+                # Branch-free: a sign is data, a mispredicted branch per element dominated.
+                acc[p] |= np.uint64(x[i, ch, p] >= 0) << shift_bit
         for p in range(positions):
             yy = p // width
             bits[i, yy + pad_h, p - yy * width + pad_w, word] = acc[p]

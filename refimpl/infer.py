@@ -1,0 +1,163 @@
+"""``python -m refimpl.infer MODEL.bnn``: CPU inference of an exported BNN, without PyTorch.
+
+Inputs (one of):
+
+* ``--input X.npy``: uint8 images ``(N, H, W, C)`` (HWC, as images are stored), or float32
+  ``(N, C, H, W)`` in the same raw pixel units (0..255 for CIFAR, 0..16 for digits). Both are
+  normalized with the model's ``(pixel - mean[c]) / std[c]``. With ``--normalized`` a float32
+  NCHW array is taken as already normalized and fed to the network as is.
+  ``--labels Y.npy`` (integers, one per image) adds an accuracy.
+* ``--cifar DIR``: the test split of the CIFAR-10/100 Python archive in DIR (folder or .tar.gz).
+* ``--digits``: the test split ``bnn.train`` reports (the last 360 images of sklearn's digits).
+
+Prints a summary; with ``--json`` the last stdout line is one JSON object with ``n``,
+``accuracy`` (null without labels), ``images_per_s`` (the whole input at ``--batch``),
+``latency_ms_batch1`` (median over single images) and the settings. ``--out preds.npy`` saves the
+predicted class indices (int64). Errors are one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+LATENCY_IMAGES = 20  # single-image runs for the batch-1 latency median
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m refimpl.infer",
+                description="Run an exported binarized network (a .bnn file from python -m bnn.export) on the CPU, "
+                            "with NumPy and Numba only.")
+    p.add_argument("model", help="MODEL.bnn written by python -m bnn.export")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input", metavar="X.npy",
+                     help="uint8 (N, H, W, C) images, or float32 (N, C, H, W) in raw pixel units")
+    src.add_argument("--cifar", metavar="DIR", help="CIFAR-10/100 folder or archive directory; runs its test split")
+    src.add_argument("--digits", action="store_true", help="the digits test split used by bnn.train")
+    p.add_argument("--labels", metavar="Y.npy", help="integer labels for --input, to report accuracy")
+    p.add_argument("--normalized", action="store_true", help="--input is float32 NCHW already normalized")
+    p.add_argument("--batch", type=int, default=64, help="images per forward pass (default 64)")
+    p.add_argument("--threads", type=int, help="Numba threads (default: all cores)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
+    p.add_argument("--out", metavar="PREDS.npy", help="save predicted class indices (int64)")
+    return p
+
+
+def _load_npy(path: str, what: str) -> np.ndarray:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} file {path!r} does not exist")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ValueError(f"{what} file {path} is not a readable .npy array ({' '.join(str(exc).split())})") from None
+
+
+def _inputs(args, model):
+    """(normalized float32 NCHW, labels or None, description)."""
+    if args.digits:
+        from .datasets import digits_test
+
+        images, labels, _ = digits_test()
+        return model.preprocess(images.astype(np.float32)), labels, "digits test split"
+    if args.cifar:
+        from .datasets import cifar_test
+
+        images, labels, _ = cifar_test(args.cifar, model.num_classes)
+        return model.preprocess(images.astype(np.float32)), labels, f"CIFAR test split in {args.cifar}"
+    x = _load_npy(args.input, "--input")
+    if args.normalized:
+        x = model.check_input(x)
+    else:
+        x = model.preprocess(x)
+    labels = None
+    if args.labels:
+        labels = _load_npy(args.labels, "--labels")
+        if labels.ndim != 1 or len(labels) != len(x) or not np.issubdtype(labels.dtype, np.integer):
+            raise ValueError(f"--labels must be {len(x)} integers (one per image), got {labels.dtype} {labels.shape}")
+        if labels.min() < 0 or labels.max() >= model.num_classes:
+            raise ValueError(f"--labels must lie in 0..{model.num_classes - 1}")
+    return x, labels, args.input
+
+
+def run(args) -> dict:
+    import numba
+
+    from . import engine
+
+    if args.batch < 1:
+        raise ValueError(f"--batch must be at least 1, got {args.batch}")
+    if args.threads is not None:
+        if not 1 <= args.threads <= numba.config.NUMBA_NUM_THREADS:
+            raise ValueError(f"--threads must be in 1..{numba.config.NUMBA_NUM_THREADS}, got {args.threads}")
+        numba.set_num_threads(args.threads)
+    model = engine.load(args.model)
+    x, labels, source = _inputs(args, model)
+    n = len(x)
+
+    # Warm up (loads the compiled kernels from Numba's cache, or compiles them the first time).
+    model.run(x[:1])
+    model.run(x[:min(args.batch, n)])
+    logits = np.empty((n, model.num_classes), dtype=np.float32)
+    t0 = time.perf_counter()
+    for i in range(0, n, args.batch):
+        logits[i:i + args.batch] = model.run(x[i:i + args.batch])
+    elapsed = time.perf_counter() - t0
+    single = []
+    for i in range(min(LATENCY_IMAGES, n)):
+        t = time.perf_counter()
+        model.run(x[i:i + 1])
+        single.append(time.perf_counter() - t)
+
+    preds = logits.argmax(axis=1).astype(np.int64)
+    accuracy = None
+    if labels is not None:
+        # Non-finite logits count as wrong (bnn.train.evaluate does the same).
+        ok = np.isfinite(logits).all(axis=1)
+        accuracy = float(((preds == labels) & ok).mean())
+    if args.out:
+        tmp = f"{args.out}.tmp.{os.getpid()}.npy"
+        np.save(tmp, preds)
+        os.replace(tmp, args.out)
+    return {
+        "n": n,
+        "accuracy": accuracy,
+        "images_per_s": n / elapsed if elapsed > 0 else None,
+        "latency_ms_batch1": 1e3 * float(np.median(single)),
+        "batch": args.batch,
+        "threads": numba.get_num_threads(),
+        "model": args.model,
+        "arch": model.meta.get("arch"),
+        "genome": str(model.genome),
+        "source": source,
+        "nonfinite": int((~np.isfinite(logits).all(axis=1)).sum()),
+    }
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        summary = run(args)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    acc = "n/a (no labels)" if summary["accuracy"] is None else f"{100 * summary['accuracy']:.2f}%"
+    print(f"{summary['arch']} ({summary['genome']}) on {summary['n']} images from {summary['source']}: "
+          f"accuracy {acc}; {summary['images_per_s']:.0f} images/s at batch {summary['batch']}, "
+          f"batch-1 latency {summary['latency_ms_batch1']:.3f} ms, {summary['threads']} threads")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
