@@ -1,0 +1,177 @@
+"""Reproduce the paper's evaluation tables: ``python -m bnn.reproduce``.
+
+Each cell (dataset, model, measure) is one ``bnn.train`` run with the paper-eval preset in its own
+folder ``ROOT/DATASET/MODEL/MEASURE``. A cell whose folder holds ``summary.json`` is finished and
+skipped; one with only a checkpoint is resumed; so the command can be killed and rerun at will.
+After the runs (or with ``--table-only``) it writes ``ROOT/results.md``: our test accuracy beside
+the paper's number in every cell.
+
+    python -m bnn.reproduce --data-dir data --list
+    python -m bnn.reproduce --data-dir data --cells 'cifar10/resnet18/*'
+    python -m bnn.reproduce --data-dir data --cells cifar10/nin/baseline --epochs 2   # smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import sys
+
+from .paper_results import CIFAR10_MODELS, CIFAR100_MODELS, GRID, MEASURES, PAPER
+
+
+def cell_name(cell) -> str:
+    return "/".join(cell)
+
+
+def select_cells(patterns: str | None):
+    """Cells matching any comma-separated glob pattern over 'dataset/model/measure'."""
+    if not patterns:
+        return list(GRID)
+    pats = [p.strip() for p in patterns.split(",") if p.strip()]
+    chosen = [c for c in GRID if any(fnmatch.fnmatchcase(cell_name(c), p) for p in pats)]
+    if not chosen:
+        raise ValueError(f"--cells {patterns!r} matches no cell; cells look like 'cifar10/resnet18/M1' (see --list)")
+    return chosen
+
+
+def default_root(epochs: int | None) -> str:
+    # A shortened run must never be mistaken for (or skip) a full 300-epoch cell.
+    return os.path.join("runs", "reproduce" if epochs is None else f"reproduce-{epochs}ep")
+
+
+def read_summary(root: str, cell) -> dict | None:
+    path = os.path.join(root, *cell, "summary.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def run_cells(cells, root, data_dir=None, device="auto", epochs=None, val_size=None, seed=0,
+              progress=True, compile=False, log=print):
+    from .data import load_dataset  # torch only when something is trained
+    from .train import TrainConfig, resolve_device, train_model
+
+    loaded = {}
+    for cell in cells:
+        dataset, model, measure = cell
+        out = os.path.join(root, *cell)
+        done = read_summary(root, cell)
+        if done is not None:
+            log(f"{cell_name(cell)}: finished ({done['status']}), skipped")
+            continue
+        dev = resolve_device(device, dataset)
+        if dataset not in loaded:
+            loaded = {dataset: load_dataset(dataset, data_dir, val_size, 0, dev)}  # one data set in memory
+        overrides = {} if epochs is None else {"epochs": epochs}
+        cfg = TrainConfig.from_preset(
+            "paper-eval", model=model, dataset=dataset, measure=measure, seed=seed, device=str(dev),
+            data_dir=data_dir, val_size=val_size, out_dir=out, resume=True, compile=compile, **overrides,
+        )
+        resuming = os.path.isfile(os.path.join(out, "checkpoint.pt"))
+        log(f"{cell_name(cell)}: {'resuming' if resuming else 'training'} ({cfg.epochs} epochs)")
+        r = train_model(cfg, data=loaded[dataset], progress=progress)
+        test = "n/a" if r.test_acc is None else f"{100 * r.test_acc:.2f}%"
+        log(f"{cell_name(cell)}: {r.status}, test {test}, {r.wall_s:.0f} s")
+
+
+def _fmt(summary, key):
+    if summary is None:
+        return "-"
+    if summary.get("status") != "ok":
+        return summary.get("status", "?")
+    v = summary.get(key)
+    return "-" if v is None else f"{100 * v:.2f}"
+
+
+def markdown_table(root: str) -> str:
+    lines = [
+        "# Reproduction of the paper's evaluation tables",
+        "",
+        "Each cell: ours / paper, top-1 accuracy in percent. Ours is the test accuracy after the "
+        "run in `" + root + "`; the paper's is its Table value. `-`: not run yet.",
+        "",
+        "## CIFAR-10, top-1",
+        "",
+        "| measure | " + " | ".join(CIFAR10_MODELS) + " |",
+        "|---|" + "---|" * len(CIFAR10_MODELS),
+    ]
+    for m in MEASURES:
+        cells = []
+        for model in CIFAR10_MODELS:
+            ours = _fmt(read_summary(root, ("cifar10", model, m)), "test_acc")
+            cells.append(f"{ours} / {PAPER[('cifar10', model, m)]['top1']:.2f}")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## CIFAR-100, top-1 / top-5",
+        "",
+        "| measure | " + " | ".join(CIFAR100_MODELS) + " |",
+        "|---|" + "---|" * len(CIFAR100_MODELS),
+    ]
+    for m in MEASURES:
+        cells = []
+        for model in CIFAR100_MODELS:
+            s = read_summary(root, ("cifar100", model, m))
+            p = PAPER[("cifar100", model, m)]
+            cells.append(f"{_fmt(s, 'test_acc')}/{_fmt(s, 'test_top5')} / {p['top1']:.2f}/{p['top5']:.2f}")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(root: str) -> str:
+    os.makedirs(root, exist_ok=True)
+    path = os.path.join(root, "results.md")
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(markdown_table(root))
+    os.replace(tmp, path)
+    return path
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main(argv=None) -> int:
+    p = _Parser(prog="python -m bnn.reproduce", description="Run the paper's evaluation grid and tabulate it beside the paper.")
+    p.add_argument("--data-dir", help="folder with the CIFAR archives (default: $BNN_DATA_DIR or ./data)")
+    p.add_argument("--cells", help="comma-separated globs over dataset/model/measure, e.g. 'cifar10/*/M9,cifar100/nin/*'")
+    p.add_argument("--epochs", type=int, help="shorten every cell (smoke run); results go to a separate root")
+    p.add_argument("--root", help="where the cell folders and results.md go (default: runs/reproduce)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--val-size", type=int, help="validation images held out (default 5000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--list", action="store_true", help="print the selected cells and their state, run nothing")
+    p.add_argument("--table-only", action="store_true", help="only rewrite results.md from finished cells")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    root = args.root or default_root(args.epochs)
+    try:
+        cells = select_cells(args.cells)
+        if args.list:
+            for c in cells:
+                s = read_summary(root, c)
+                state = "finished" if s else ("started" if os.path.isfile(os.path.join(root, *c, "checkpoint.pt")) else "todo")
+                print(f"{cell_name(c)}\t{state}")
+            return 0
+        if not args.table_only:
+            run_cells(cells, root, args.data_dir, args.device, args.epochs, args.val_size, args.seed,
+                      progress=not args.no_progress, compile=args.compile,
+                      log=lambda s: print(s, file=sys.stderr, flush=True))
+        path = write_table(root)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    print(open(path).read())
+    print(f"table written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
