@@ -49,17 +49,22 @@ import torch.nn.functional as F
 #
 # and dL/dx = dL/dxb / 2, dL/dw = dL/dwb / 2. The 1/2 for x is folded into the (small) weight
 # operand of the input-gradient convolution, so no extra pass over a full-size tensor is
-# needed. Writing the backward by hand (not letting autograd trace the identities) is what
+# needed. dL/da is built from the incoming gradients as a weighted sum of the *distinct*
+# tensors among them, with the first weight factored out and folded into the same small
+# operand: autograd hands the same tensor to both operands of x+y, so for the baseline
+# (a + d) - (b + c) it is 2 * (g - (-g)), one pass instead of four. Writing the backward by hand (not letting autograd trace the identities) is what
 # keeps the elementwise passes over the four count tensors to a minimum: autograd would keep
 # the broadcasts of px, pw and their sums as separate passes (PERFORMANCE.md: 2.3x of a plain
 # conv with autograd, most of it elementwise).
 #
-# Exactness: the counts are integers below 2**24, exact in float32 for any summation order.
-# But a convolution algorithm may not be a sum of products (Winograd, FFT; cuDNN and NNPACK
-# have them). So ``a`` is rounded in place in the forward; the custom backward ignores the
-# rounding, which is the straight-through gradient. Rounding costs one pass over ``a``; it is
-# done on every device, because which algorithm the CPU backend picks (oneDNN, NNPACK, the
-# slow path) depends on shapes and build flags we do not control.
+# Exactness: the counts are integers below 2**24, exact in float32 for any summation order,
+# but a convolution algorithm need not be a sum of products. Measured with torch 2.13 on CPU
+# (0/1 operands, 64x256x8x8 and 64x64x32x32, 3x3): with oneDNN enabled every output is an
+# exact integer, with or without grad; with oneDNN disabled, PyTorch falls back to NNPACK's
+# Winograd and 90% of the outputs are off by up to 4e-3. cuDNN may pick Winograd/FFT too. So
+# ``a``, px, pw and n are rounded in place (one pass over ``a``), except for float32 on a CPU
+# with oneDNN enabled, where it was measured to be a no-op; the custom backward ignores the rounding,
+# which makes its gradient straight-through. verify/test_counts.py pins both branches.
 # ----------------------------------------------------------------------------------------------
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -86,27 +91,45 @@ def _no_autocast(device: torch.device):
     return torch.autocast(device_type=device.type, enabled=False)
 
 
+def _conv_may_be_inexact(t: torch.Tensor) -> bool:
+    # See "Exactness" above: only float32 through oneDNN on a CPU is known exact.
+    return not (
+        t.device.type == "cpu"
+        and t.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.enabled
+    )
+
+
+def _half_plus_half(t: torch.Tensor) -> torch.Tensor:
+    """(1 + t) / 2 in one pass over t (the 0/1 relaxation of +-1 values)."""
+    return torch.add(torch.tensor(0.5, dtype=t.dtype, device=t.device), t, alpha=0.5)
+
+
 class _CountsConv2d(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, stride, padding, dilation):
         dtype = _compute_dtype(x)
         with _no_autocast(x.device):
-            xb = (x.to(dtype) + 1) * 0.5
-            wb = (w.to(dtype) + 1) * 0.5
+            xb = _half_plus_half(x.to(dtype))
+            wb = _half_plus_half(w.to(dtype))
             kh, kw = wb.shape[2:]
             conv = dict(stride=stride, padding=padding, dilation=dilation)
             a = F.conv2d(xb, wb, **conv)
-            a.round_()
             ones_k = torch.ones((1, 1, kh, kw), dtype=dtype, device=x.device)
             mask = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=dtype, device=x.device)
             xsum = xb.sum(1, keepdim=True)
             wsum = wb.sum(1, keepdim=True)
-            px = F.conv2d(xsum, ones_k, **conv).round_()
-            pw = F.conv2d(mask, wsum, **conv).round_()
-            n = F.conv2d(mask, ones_k, **conv).round_().mul_(x.shape[1])
+            px = F.conv2d(xsum, ones_k, **conv)
+            pw = F.conv2d(mask, wsum, **conv)
+            n = F.conv2d(mask, ones_k, **conv)
+            if _conv_may_be_inexact(a):
+                for t in (a, px, pw, n):
+                    t.round_()
+            n_minus_pw = n.mul_(x.shape[1]) - pw  # (1, O, Ho, Wo): small
             b = pw - a
             c = px - a
-            d = (n - pw) - c
+            d = n_minus_pw - c
         ctx.save_for_backward(xb, wb, xsum, ones_k, mask, wsum)
         ctx.conv = (stride, padding, dilation)
         ctx.in_dtypes = (x.dtype, w.dtype)
@@ -117,17 +140,19 @@ class _CountsConv2d(torch.autograd.Function):
         xb, wb, xsum, ones_k, mask, wsum = ctx.saved_tensors
         stride, padding, dilation = ctx.conv
         need_x, need_w = ctx.needs_input_grad[:2]
-        g_a, g_px, g_pw = _count_grads(ga, gb, gc, gd, image_dim=0, unit_dim=1)
+        g_a, scale = _weighted_sum(((ga, 1.0), (gd, 1.0), (gb, -1.0), (gc, -1.0)))
+        g_px = _diff_of_sums(gc, gd, 1)
+        g_pw = _diff_of_sums(gb, gd, 0)
         conv_args = (list(stride), list(padding), list(dilation), False, [0, 0], 1)
         grad_x = grad_w = None
         with _no_autocast(xb.device):
             if g_a is not None:
-                # Half of wb as the weight: dL/dx = dL/dxb / 2 at no full-size cost.
+                # dL/da = scale * g_a; scale and dL/dx = dL/dxb / 2 both go into the small weight.
                 gx, gw, _ = torch.ops.aten.convolution_backward(
-                    g_a, xb, wb * 0.5, None, *conv_args, [need_x, need_w, False]
+                    g_a, xb, wb * (0.5 * scale), None, *conv_args, [need_x, need_w, False]
                 )
                 grad_x = gx
-                grad_w = gw.mul_(0.5) if gw is not None else None
+                grad_w = gw.mul_(0.5 * scale) if gw is not None else None
             if need_x and g_px is not None:
                 gxs, _, _ = torch.ops.aten.convolution_backward(
                     g_px, xsum, ones_k * 0.5, None, *conv_args, [True, False, False]
@@ -146,23 +171,27 @@ class _CountsConv2d(torch.autograd.Function):
         return grad_x, grad_w, None, None, None
 
 
-def _count_grads(ga, gb, gc, gd, image_dim: int, unit_dim: int):
-    """dL/da (full size), dL/dpx (summed over units), dL/dpw (summed over images)."""
-    # dL/da = (ga + gd) - (gb + gc), built in place in one fresh buffer.
-    g_a = None
-    for g, sign in ((ga, 1), (gd, 1), (gb, -1), (gc, -1)):
-        if g is None:
-            continue
-        if g_a is None:
-            g_a = g.clone() if sign > 0 else -g
-        elif sign > 0:
-            g_a.add_(g)
-        else:
-            g_a.sub_(g)
-    # Sums read the full-size gradients once and write only small tensors.
-    g_px = _diff_of_sums(gc, gd, unit_dim)
-    g_pw = _diff_of_sums(gb, gd, image_dim)
-    return g_a, g_px, g_pw
+def _weighted_sum(terms):
+    """(t, scale) with sum(weight * g for g, weight in terms) == scale * t; None for no terms.
+
+    Identical tensors (the same object, as autograd hands out for x+y) are merged first, so
+    the full-size passes are one fewer than the distinct tensors, and none for a single one.
+    """
+    merged: dict[int, list] = {}
+    for g, weight in terms:
+        if g is not None:
+            merged.setdefault(id(g), [g, 0.0])[1] += weight
+    parts = [(g, weight) for g, weight in merged.values() if weight != 0.0]
+    if not parts:
+        return None, 0.0
+    (first, scale), rest = parts[0], parts[1:]
+    if not rest:
+        return first, scale
+    # Weights are +-1 or +-2, so the ratios are exact powers of two.
+    out = torch.add(first, rest[0][0], alpha=rest[0][1] / scale)
+    for g, weight in rest[1:]:
+        out.add_(g, alpha=weight / scale)
+    return out, scale
 
 
 def _diff_of_sums(plus, minus, dim):
@@ -181,9 +210,11 @@ class _CountsDense(torch.autograd.Function):
     def forward(ctx, x, w):
         dtype = _compute_dtype(x)
         with _no_autocast(x.device):
-            xb = (x.to(dtype) + 1) * 0.5
-            wb = (w.to(dtype) + 1) * 0.5
-            a = (xb @ wb.t()).round_()
+            xb = _half_plus_half(x.to(dtype))
+            wb = _half_plus_half(w.to(dtype))
+            a = xb @ wb.t()  # GEMMs (MKL, oneDNN, cuBLAS with TF32) sum 0/1 products exactly
+            if a.device.type != "cpu":
+                a.round_()
             px = xb.sum(1, keepdim=True)
             pw = wb.sum(1).unsqueeze(0)
             b = pw - a
@@ -197,16 +228,18 @@ class _CountsDense(torch.autograd.Function):
     def backward(ctx, ga, gb, gc, gd):
         xb, wb = ctx.saved_tensors
         need_x, need_w = ctx.needs_input_grad
-        g_a, g_px, g_pw = _count_grads(ga, gb, gc, gd, image_dim=0, unit_dim=1)
+        g_a, scale = _weighted_sum(((ga, 1.0), (gd, 1.0), (gb, -1.0), (gc, -1.0)))
+        g_px = _diff_of_sums(gc, gd, 1)
+        g_pw = _diff_of_sums(gb, gd, 0)
         grad_x = grad_w = None
         with _no_autocast(xb.device):
             if need_x:
-                grad_x = torch.zeros_like(xb) if g_a is None else g_a @ (wb * 0.5)
+                grad_x = torch.zeros_like(xb) if g_a is None else g_a @ (wb * (0.5 * scale))
                 if g_px is not None:
                     grad_x.add_(g_px * 0.5)
                 grad_x = grad_x.to(ctx.in_dtypes[0])
             if need_w:
-                grad_w = torch.zeros_like(wb) if g_a is None else g_a.t() @ (xb * 0.5)
+                grad_w = torch.zeros_like(wb) if g_a is None else g_a.t() @ (xb * (0.5 * scale))
                 if g_pw is not None:
                     grad_w.add_(g_pw.t() * 0.5)
                 grad_w = grad_w.to(ctx.in_dtypes[1])

@@ -1,0 +1,112 @@
+"""The torch count path (forward + backward, baseline measure) vs a plain float conv2d and vs
+the naive four-convolution formulation, at the 3x3 layers of a CIFAR ResNet-18, batch 64.
+
+    python bench/bench_counts_torch.py [--repeats 7] [--batch 64] [--layers 256]
+
+Medians over repeats, all variants timed side by side in one process at torch's thread count.
+``bench/bench_counts.py`` can call ``run()`` and print ``format_table()`` for its own report.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import bnn
+
+# (channels, spatial size) of ResNet-18's 3x3 layers on CIFAR.
+LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _four_convolutions(x, w):
+    xb, wb = (x + 1) * 0.5, (w + 1) * 0.5
+    pad = lambda t: F.pad(t, (1, 1, 1, 1))  # noqa: E731
+    a = F.conv2d(pad(xb), wb)
+    b = F.conv2d(pad(1 - xb), wb)
+    c = F.conv2d(pad(xb), 1 - wb)
+    d = F.conv2d(pad(1 - xb), 1 - wb)
+    return a, b, c, d
+
+
+def _variants():
+    return {
+        "conv2d": lambda x, w: F.conv2d(x, w, padding=1),
+        "counts+measure": lambda x, w: bnn.measure("baseline", *bnn.counts_conv2d(x, w, padding=1)),
+        "4-conv+measure": lambda x, w: bnn.measure("baseline", *_four_convolutions(x, w)),
+    }
+
+
+def _time(fn, x, w, grad, repeats):
+    times = []
+    for i in range(repeats + 1):  # the first run warms oneDNN's primitive cache
+        x.grad = w.grad = None
+        start = time.perf_counter()
+        fn(x, w).backward(grad)
+        elapsed = time.perf_counter() - start
+        if i:
+            times.append(elapsed)
+    return statistics.median(times)
+
+
+def run(batch=64, layers=LAYERS, repeats=7):
+    """Rows of (channels, size, {variant: median seconds fwd+bwd})."""
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for channels, size in layers:
+        x = bnn.sign(torch.randn(batch, channels, size, size, generator=gen)).requires_grad_()
+        w = bnn.sign(torch.randn(channels, channels, 3, 3, generator=gen)).requires_grad_()
+        grad = torch.randn(batch, channels, size, size, generator=gen)
+        # Interleave the variants so machine load affects them alike.
+        samples = {name: [] for name in _variants()}
+        for _ in range(repeats):
+            for name, fn in _variants().items():
+                samples[name].append(_time(fn, x, w, grad, 1))
+        rows.append((channels, size, {k: statistics.median(v) for k, v in samples.items()}))
+    return rows
+
+
+def format_table(rows, batch=64) -> str:
+    lines = [
+        f"torch count path, forward+backward, batch {batch}, 3x3, padding 1; "
+        f"{_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads",
+        f"{'layer':>12} {'conv2d ms':>10} {'counts ms':>10} {'4-conv ms':>10} {'counts/conv':>12} {'4-conv/counts':>14}",
+    ]
+    for channels, size, t in rows:
+        conv, ours, four = t["conv2d"], t["counts+measure"], t["4-conv+measure"]
+        lines.append(
+            f"{f'{channels}x{size}x{size}':>12} {conv * 1e3:>10.2f} {ours * 1e3:>10.2f} {four * 1e3:>10.2f} "
+            f"{ours / conv:>12.2f} {four / ours:>14.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--layers", type=int, nargs="*", help="channel counts to run (default: all four)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    layers = [layer for layer in LAYERS if not args.layers or layer[0] in args.layers]
+    print(format_table(run(args.batch, layers, args.repeats), args.batch))
+
+
+if __name__ == "__main__":
+    main()
