@@ -17,7 +17,7 @@ from .measure import default_alpha, measure
 
 def sign(x: torch.Tensor) -> torch.Tensor:
     """+1 where ``x >= 0``, else -1: zero maps to +1 (unlike ``torch.sign``; SPEC section 1)."""
-    return torch.where(x >= 0, 1.0, -1.0).to(x.dtype)
+    return torch.where(x >= 0, x.new_ones(()), x.new_full((), -1.0))
 
 
 class _SteSign(torch.autograd.Function):
@@ -33,7 +33,7 @@ class _SteSign(torch.autograd.Function):
         if ctx.clip_value is None:
             return grad, None
         (x,) = ctx.saved_tensors
-        return grad * (x.abs() <= ctx.clip_value).to(grad.dtype), None
+        return torch.where(x.abs() <= ctx.clip_value, grad, grad.new_zeros(())), None
 
 
 def ste_sign(x: torch.Tensor, clip_value: float | None = 1.0) -> torch.Tensor:

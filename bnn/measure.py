@@ -85,6 +85,9 @@ def measure(genome, a, b, c, d, alpha=None) -> torch.Tensor:
             alpha = default_alpha(g, channels, dtype=a.dtype, device=a.device)
     elif tuple(alpha.shape) != (4, channels):
         raise ValueError(f"alpha must have shape (4, {channels}) (one row per unary slot), got {tuple(alpha.shape)}")
+    else:
+        # Round alpha to the counts' dtype first, as refimpl does, so alpha*x is one rounding.
+        alpha = alpha.to(a.dtype)
     # Row i as (1, C, 1, ...) so it broadcasts over N and the spatial dims.
     per_channel = (1, channels) + (1,) * (len(shape) - 2)
     slots = []

@@ -187,3 +187,21 @@ def test_counts_are_float32_under_half_inputs():
     assert all(t.dtype == torch.float32 for t in counts)
     expected = refimpl.counts_conv2d(x.float().numpy(), w.float().numpy(), padding=1)
     _assert_all_equal(expected, torch=[t.numpy() for t in counts])
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
+@pytest.mark.parametrize("mkldnn", [True, False], ids=["onednn", "onednn-off"])
+def test_counts_stay_exact_whatever_convolution_algorithm_torch_picks(mkldnn):
+    # With oneDNN off, torch's CPU conv falls back to NNPACK's Winograd (batch >= 16), whose
+    # raw outputs are not integers; the count path must round them (SPEC 1).
+    gen = torch.Generator().manual_seed(5)
+    x = bnn.sign(torch.randn(16, 64, 8, 8, generator=gen))
+    w = bnn.sign(torch.randn(32, 64, 3, 3, generator=gen))
+    expected = refimpl.counts_conv2d(x.numpy(), w.numpy(), padding=1)
+    with torch.backends.mkldnn.flags(enabled=mkldnn):
+        raw = F.conv2d((x + 1) / 2, (w + 1) / 2, padding=1)
+        counts = bnn.counts_conv2d(x.requires_grad_(), w, padding=1)
+        counts[0].sum().backward()  # the backward runs under the same algorithm choice
+    _assert_all_equal(expected, torch=[t.detach().numpy() for t in counts])
+    if not mkldnn and torch.equal(raw, raw.round()):
+        pytest.skip("this build picked an exact algorithm with oneDNN off; nothing to round")
