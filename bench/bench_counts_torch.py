@@ -11,12 +11,16 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-import bnn
+# Run from a checkout without installing, as bench/bench_counts.py does.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import bnn  # noqa: E402
 
 # (channels, spatial size) of ResNet-18's 3x3 layers on CIFAR.
 LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))
