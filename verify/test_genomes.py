@@ -33,8 +33,9 @@ def test_random_genomes_torch_matches_refimpl(codes, counts, alpha, dtype):
 # The transcription orders its arithmetic as the paper writes it (M9 is b'/(c'(a'+d')), the
 # genome computes (b'/c')/(a'+d')), and uses NumPy's and SciPy's libm, so finite values agree
 # to a relative 1e-9 in float64: each of the at most ~8 roundings is 1.1e-16 relative, and the
-# only amplification is cancellation in b'**3 - sin(c) (M4), whose worst case over integer
-# counts up to 600 is 1 - sin(33) ~ 1e-4, i.e. 1e4 x; 1e-9 leaves 10x headroom over 1e-11.
+# only amplification is cancellation in b'**3 - sin(c) (M4), whose worst case over the drawn
+# integer counts (up to 4608) is 1 - sin(4249) ~ 8e-6, i.e. 1.2e5 x: about 3e-11, and 1e-9
+# leaves 30x headroom.
 RTOL = 1e-9
 
 
