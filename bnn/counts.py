@@ -91,13 +91,17 @@ def _no_autocast(device: torch.device):
     return torch.autocast(device_type=device.type, enabled=False)
 
 
+_ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available()
+
+
 def _conv_may_be_inexact(t: torch.Tensor) -> bool:
-    # See "Exactness" above: only float32 through oneDNN on a CPU is known exact.
+    # See "Exactness" above: only float32 through oneDNN on a CPU is known exact. Under
+    # torch.compile the backend flags cannot be read while tracing and the compiler picks the
+    # convolution, so round (the compiler fuses the rounding into a neighbouring kernel).
+    if torch.compiler.is_compiling():
+        return True
     return not (
-        t.device.type == "cpu"
-        and t.dtype == torch.float32
-        and torch.backends.mkldnn.is_available()
-        and torch.backends.mkldnn.enabled
+        t.device.type == "cpu" and t.dtype == torch.float32 and _ONEDNN_AVAILABLE and torch.backends.mkldnn.enabled
     )
 
 

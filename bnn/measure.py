@@ -32,13 +32,21 @@ if set(TORCH_FUNCTIONS) != set(FUNCTIONS):
     )
 
 _GLOBALS = {"__builtins__": {}, **TORCH_FUNCTIONS}
-_UNARY_CODE = tuple(compile(op.formula, f"<unary {op.code} {op.name}>", "eval") for op in UNARY)
-_BINARY_CODE = tuple(compile(op.formula, f"<binary {op.code} {op.name}>", "eval") for op in BINARY)
+
+
+def _function(op, args: str):
+    # A real Python function per row (not eval() per call): cheap to call, and torch.compile
+    # traces it like any other function.
+    return eval(compile(f"lambda {args}: {op.formula}", f"<{op.name}: {op.formula}>", "eval"), _GLOBALS)
+
+
+_UNARY_FN = tuple(_function(op, "x, alpha") for op in UNARY)
+_BINARY_FN = tuple(_function(op, "x, y") for op in BINARY)
 
 
 def unary(code: int, x: torch.Tensor, alpha: torch.Tensor | None = None) -> torch.Tensor:
     """Unary operator ``code`` on ``x``; ``alpha`` broadcasts against ``x`` (per channel)."""
-    out = eval(_UNARY_CODE[code], _GLOBALS, {"x": x, "alpha": alpha})
+    out = _UNARY_FN[code](x, alpha)
     # '0' and 'alpha' do not read x; the result still has x's shape and dtype (code 1 is a real
     # zero, so 0/0 downstream is NaN as in the Numba path).
     if not isinstance(out, torch.Tensor):
@@ -49,7 +57,7 @@ def unary(code: int, x: torch.Tensor, alpha: torch.Tensor | None = None) -> torc
 
 
 def binary(code: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return eval(_BINARY_CODE[code], _GLOBALS, {"x": x, "y": y})
+    return _BINARY_FN[code](x, y)
 
 
 def default_alpha(genome, channels: int, dtype=None, device=None) -> torch.Tensor:
