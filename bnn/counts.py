@@ -52,10 +52,13 @@ import torch.nn.functional as F
 # needed. dL/da is built from the incoming gradients as a weighted sum of the *distinct*
 # tensors among them, with the first weight factored out and folded into the same small
 # operand: autograd hands the same tensor to both operands of x+y, so for the baseline
-# (a + d) - (b + c) it is 2 * (g - (-g)), one pass instead of four. Writing the backward by hand (not letting autograd trace the identities) is what
-# keeps the elementwise passes over the four count tensors to a minimum: autograd would keep
-# the broadcasts of px, pw and their sums as separate passes (PERFORMANCE.md: 2.3x of a plain
-# conv with autograd, most of it elementwise).
+# (a + d) - (b + c) it is 2 * (g - (-g)), one pass instead of four.
+#
+# Why a hand-written backward: letting autograd differentiate the identities costs a pass per
+# broadcast and per subtraction (the prototype in PERFORMANCE.md spent most of its 2.3x of a
+# plain conv on such elementwise passes). Here the forward makes 3 full-size passes (b, c, d)
+# plus one over the input (xb) and one read (sum over channels); the backward 1-3 passes for
+# dL/da, 4 reductions, and one add into dL/dx.
 #
 # Exactness: the counts are integers below 2**24, exact in float32 for any summation order,
 # but a convolution algorithm need not be a sum of products. Measured with torch 2.13 on CPU
@@ -63,8 +66,8 @@ import torch.nn.functional as F
 # exact integer, with or without grad; with oneDNN disabled, PyTorch falls back to NNPACK's
 # Winograd and 90% of the outputs are off by up to 4e-3. cuDNN may pick Winograd/FFT too. So
 # ``a``, px, pw and n are rounded in place (one pass over ``a``), except for float32 on a CPU
-# with oneDNN enabled, where it was measured to be a no-op; the custom backward ignores the rounding,
-# which makes its gradient straight-through. verify/test_counts.py pins both branches.
+# with oneDNN enabled, where it was measured to be a no-op; the custom backward ignores the
+# rounding, which makes its gradient straight-through. verify/test_counts.py pins both branches.
 # ----------------------------------------------------------------------------------------------
 
 _HALF = (torch.float16, torch.bfloat16)
