@@ -34,12 +34,15 @@ def test_help():
     (["--resume", "/nonexistent/run"], "journal"),
     (["--reuse", "/nonexistent/run", "--fitness", "synthetic:1"], "journal"),
 ])
-def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, words):
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, words):
+    # In process (main() is what __main__ calls): an exception escaping it would be the traceback.
+    from bnn.search.cli import main
+
     d = tmp_path / "run"
-    r = cli(*args, "--run-dir", str(d))
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in r.stderr and words in lines[0], r.stderr
+    assert main([*args, "--run-dir", str(d)]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], err
     assert not d.exists()
 
 
@@ -76,3 +79,30 @@ def test_existing_run_dir_needs_resume(tmp_path):
     r = cli(*SYN, "--run-dir", str(d))
     assert r.returncode == 2 and "--resume" in r.stderr
     assert (d / "journal.jsonl").read_bytes() == before
+
+
+def test_ctrl_c_prints_the_leaderboard_writes_results_and_resumes(tmp_path):
+    import os
+    import signal
+    import time
+
+    d = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "bnn.search", "--fitness", "synthetic:2,delay=0.01", "--population", "6",
+                          "--epochs", "3", "--thresholds", "0.2", "--max-evaluations", "5000", "--max-trainings", "5000",
+                          "--no-progress", "--run-dir", str(d)], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    journal = d / "journal.jsonl"
+    while p.poll() is None and not (journal.exists() and journal.read_bytes().count(b"\n") >= 60):
+        time.sleep(0.01)
+    os.kill(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "rank" in out and "fitness" in out and "Traceback" not in err
+    assert "--resume" in err
+    assert json.loads((d / "results.json").read_text())["summary"]["evaluations"] >= 20
+    from bnn.search.cli import main
+
+    assert main(["--resume", str(d), "--population", "9"]) == 2  # what the search computes is fixed
+    r = cli("--resume", str(d), "--max-evaluations", "80", "--json", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["evaluations"] == 80

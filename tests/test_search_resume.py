@@ -114,13 +114,3 @@ def test_garbage_in_the_middle_of_a_journal_is_an_error(tmp_path):
     path.write_text('{"type":"start","config":{}}\nnot json\n{"type":"end"}\n')
     with pytest.raises(jr.JournalError):
         jr.read(path)
-
-
-def test_resume_refuses_to_change_what_the_search_computes(tmp_path):
-    d = tmp_path / "run"
-    assert cli(*ARGS, "--max-evaluations", "20", "--run-dir", str(d)).returncode == 0
-    r = cli("--resume", str(d), "--population", "9")
-    assert r.returncode == 2 and "population" in r.stderr and "Traceback" not in r.stderr
-    r = cli("--resume", str(d), "--max-evaluations", "30", "--json", "--no-progress")
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.strip().splitlines()[-1])["evaluations"] == 30

@@ -3,9 +3,9 @@
 Order of every step, chosen so that a SIGKILL at any instant loses nothing that replay cannot
 rebuild:
 
-1. ``ga.propose()``; the proposal is journaled, and fsynced before a training starts on it
-   (a cache hit writes proposal and result with one fsync: the journal stays a prefix of
-   the event sequence either way, and a lost suffix is simply redone on resume).
+1. ``ga.propose()``; the proposal is journaled (flushed before a training starts on it, fsynced
+   with its result: the journal is always a prefix of the event sequence, and a lost suffix
+   is simply proposed again, identically, on resume).
 2. Lookup (cache, equivalence, screening): a hit is finished at once; otherwise the job goes to
    the evaluator (or, asynchronously, waits for an identical function already training).
 3. When a result comes back: ``ga.tell()``, then the result line is journaled.
@@ -63,6 +63,7 @@ class SearchConfig:
     max_evaluations: int | None = None
     max_trainings: int | None = None
     patience: int | None = None
+    max_minutes: float | None = None  # wall-clock budget of this process (not replayable: see _should_stop)
     workers: int = 1
     backend: str = "serial"  # serial | local | ray
     ray_address: str | None = None
@@ -221,6 +222,10 @@ class Search:
             return f"max trainings ({cfg.max_trainings})"
         if cfg.patience is not None and self.ga.children_failed_in_a_row >= cfg.patience:
             return f"patience: {cfg.patience} children in a row did not enter the population"
+        # The one stop that depends on the machine's speed: it ends a run early but never
+        # changes what was computed, so a run stopped by it continues exactly with --resume.
+        if cfg.max_minutes is not None and time.time() - self.t_start >= 60 * cfg.max_minutes:
+            return f"time budget ({cfg.max_minutes:g} min)"
         return None
 
     def _dispatch(self, p, journal: bool) -> None:
@@ -238,7 +243,7 @@ class Search:
             return
         self.training_hash[p.seq] = key
         self.trainings_started += 1
-        self.journal.sync()  # the proposal is durable before any work starts on it
+        self.journal.flush()  # visible to a reader before work starts (fsynced with its result)
         self.evaluator.submit({"seq": p.seq, "genome": p.genome, "reject_below": p.threshold})
 
     def _finish_training(self, seq: int, res: dict) -> None:

@@ -54,6 +54,9 @@ class SerialEvaluator:
 def _pool_main(fitness_spec, train, jobs, results):
     # Runs in a spawned child whose CUDA_VISIBLE_DEVICES was set before it started, so the one
     # GPU it sees is "cuda:0" and torch never initializes the others.
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes us
     worker = Worker(fitness_spec, train)
     while True:
         job = jobs.get()

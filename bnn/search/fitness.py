@@ -341,6 +341,12 @@ class Worker:
         )
         known = {f.name for f in dataclasses.fields(TrainConfig)}
         cfg = TrainConfig(**{k: v for k, v in wanted.items() if k in known})
-        res = train_model(cfg, data=self._data, reject_below=job.get("reject_below"), progress=False)
+        import warnings
+
+        with warnings.catch_warnings():
+            # A diverged step skips optimizer.step(); torch then warns about the scheduler order
+            # on every such candidate, which says nothing about the search.
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            res = train_model(cfg, data=self._data, reject_below=job.get("reject_below"), progress=False)
         d = res.to_dict() if hasattr(res, "to_dict") else dict(res.__dict__)
         return {k: d.get(k) for k in _RESULT_KEYS}

@@ -64,13 +64,19 @@ class Journal:
         return cls(path, fh)
 
     def append(self, event: dict, sync: bool = True) -> None:
-        """Write one line. ``sync=False`` leaves it buffered until the next synced append or
-        ``sync()``: the engine uses it for a proposal whose result may follow at once (a cache
-        hit), so both lines cost one fsync; it syncs before acting on a proposal otherwise."""
+        """Write one line; ``sync=True`` flushes and fsyncs it (and everything before it).
+
+        The engine fsyncs every result line. A proposal line is only flushed (``flush()``, so a
+        killed process still shows what it was running) and becomes durable with the next
+        fsync: losing it to a power cut costs nothing, because replay proposes the identical
+        candidate again. The file is always a prefix of the event sequence."""
         line = (json.dumps(event, separators=(",", ":"), allow_nan=False) + "\n").encode()
         self._fh.write(line)
         if sync:
             self.sync()
+
+    def flush(self) -> None:
+        self._fh.flush()
 
     def sync(self) -> None:
         self._fh.flush()
