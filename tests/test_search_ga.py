@@ -277,3 +277,48 @@ def test_reuse_skips_trainings_of_an_earlier_run(tmp_path):
     counts = c.summary_counts()
     assert counts["trainings"] == 0 and counts["saved_by_reuse"] > 0
     assert [e["genome"] for e in c.results.values()] == [e["genome"] for e in a.results.values()]
+
+
+class FakeEvaluator:
+    """Two slots; finishes jobs oldest first, with the synthetic fitness."""
+
+    slots = 2
+
+    def __init__(self):
+        self.jobs = []
+        self.submitted = []
+
+    @property
+    def outstanding(self):
+        return len(self.jobs)
+
+    def submit(self, job):
+        self.jobs.append(job)
+        self.submitted.append(job["genome"])
+
+    def poll(self):
+        job = self.jobs.pop(0)
+        return [(job["seq"], F.synthetic_result(job["genome"], 3, 4, job["reject_below"]))]
+
+    def close(self):
+        pass
+
+
+def test_async_candidate_equal_to_one_in_training_waits_instead_of_training(tmp_path):
+    cfg = SearchConfig(fitness="synthetic:3", epochs=4, population=4, thresholds=[0.0], threshold_steps=[0],
+                       max_evaluations=3, workers=2)
+    s = Search(cfg, tmp_path / "run", progress=False)
+    s.start_new()
+    s.evaluator = ev = FakeEvaluator()
+    props = [s.ga.propose() for _ in range(3)]
+    props[0].genome = "0-1-0-0-0-0-1"
+    props[1].genome = props[0].genome  # the same genome proposed while the first trains
+    props[2].genome = "0-1-0-0-8-0-1"  # and a functional twin of it
+    for p in props:
+        s._dispatch(p, journal=False)
+    assert ev.submitted == ["0-1-0-0-0-0-1"], "the duplicate and the twin wait for the training"
+    seq, res = ev.poll()[0]
+    s._finish_training(seq, res)
+    src = {e["seq"]: (e["source"], e.get("duplicate_of")) for e in s.results.values()}
+    assert src == {0: ("train", None), 1: ("cache", None), 2: ("equivalent", "0-1-0-0-0-0-1")}
+    assert s.results[1]["fitness"] == s.results[2]["fitness"] == s.results[0]["fitness"]

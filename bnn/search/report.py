@@ -12,11 +12,11 @@ def leaderboard_text(search: Search, top: int | None = None) -> str:
         return "leaderboard: no member yet (initialization has kept nobody)"
     title = "population" if search.ga.formed else "initialization so far (population not formed yet)"
     lines = [f"{title}, best first:",
-             f"{'rank':>4}  {'genome':<18} {'fitness':>7}  {'epochs':>6}  formula"]
+             f"{'rank':>4}  {'genome':<28} {'fitness':>7}  {'epochs':>6}  formula"]
     for r in rows:
         name = f" ({r['name']})" if r["name"] else ""
         epochs = "" if r["epochs"] is None else str(r["epochs"])
-        lines.append(f"{r['rank']:>4}  {r['genome'] + name:<18} {r['fitness']:>7.4f}  {epochs:>6}  {r['formula']}")
+        lines.append(f"{r['rank']:>4}  {r['genome'] + name:<28} {r['fitness']:>7.4f}  {epochs:>6}  {r['formula']}")
     s = search.summary_counts()
     lines.append(
         f"{s['evaluations']} evaluations, {s['trainings']} trainings; saved by cache {s['saved_by_cache']}, "
