@@ -99,6 +99,7 @@ class Search:
         self.proposals: dict[int, dict] = {}
         self.history: list[tuple[int, float, float]] = []  # (evaluations done, best, median)
         self.trainings_started = 0
+        self.counts = {"source": {}, "status": {}}  # running tallies for the progress bar and summary
         self.replayed = 0
         self.stop_reason: str | None = None
         self.evaluator = None
@@ -280,6 +281,9 @@ class Search:
         if not replay:
             self.journal.append(e)  # after tell: "entered"/"rank" are part of the record
         self.results[seq] = e
+        for key in ("source", "status"):
+            tally = self.counts[key]
+            tally[e.get(key)] = tally.get(e.get(key), 0) + 1
         members = self.ga.members()
         if members:
             fits = [m.fitness for m in members]
@@ -304,25 +308,25 @@ class Search:
         if e is not None:
             self._bar.update(1)
         s = self.summary_counts()
-        best = self.ga.members()[0].fitness if self.ga.members() else float("nan")
+        members = self.ga.members()
+        best = members[0].fitness if members else float("nan")
         self._bar.set_postfix(best=f"{best:.4f}", trained=s["trainings"], rejected=s["rejected"],
                               cached=s["saved_by_cache"] + s["saved_by_equivalence"],
                               screened=s["saved_by_screening"], refresh=False)
 
     # -- summary -----------------------------------------------------------------------------------
     def summary_counts(self) -> dict:
-        src = [e.get("source") for e in self.results.values()]
-        st = [e.get("status") for e in self.results.values()]
+        src, st = self.counts["source"], self.counts["status"]
         return {
             "evaluations": len(self.results),
-            "trainings": src.count("train"),
-            "saved_by_cache": src.count("cache") + src.count("reuse"),
-            "saved_by_reuse": src.count("reuse"),
-            "saved_by_equivalence": src.count("equivalent"),
-            "saved_by_screening": src.count("screened"),
-            "rejected": st.count("rejected"),
-            "diverged": st.count("diverged"),
-            "errors": st.count("error"),
+            "trainings": src.get("train", 0),
+            "saved_by_cache": src.get("cache", 0) + src.get("reuse", 0),
+            "saved_by_reuse": src.get("reuse", 0),
+            "saved_by_equivalence": src.get("equivalent", 0),
+            "saved_by_screening": src.get("screened", 0),
+            "rejected": st.get("rejected", 0),
+            "diverged": st.get("diverged", 0),
+            "errors": st.get("error", 0),
         }
 
     def leaderboard(self) -> list[dict]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -23,6 +24,12 @@ from refimpl import Genome
 from .operators import breed, random_genome
 
 BASELINE = "0-0-0-0-0-0-1"
+
+
+@lru_cache(maxsize=65536)
+def _codes(genome: str) -> np.ndarray:
+    # Parsed once per distinct genome: replaying a long journal breeds from S members per step.
+    return np.array(Genome.parse(genome).codes, dtype=np.int64)
 
 
 class Thresholds:
@@ -107,7 +114,7 @@ class GeneticSearch:
         seq = self.next_seq
         T = self.thresholds.at(seq)
         if self.formed:
-            genomes = [np.array(Genome.parse(m.genome).codes) for m in self.population]
+            genomes = [_codes(m.genome) for m in self.population]
             fitness = np.array([m.fitness for m in self.population], dtype=np.float64)
             child, how = breed(genomes, fitness, self.rng)
             how["parents"] = [self.population[i].genome for i in how["parents"]]

@@ -69,7 +69,9 @@ def write_plot(search: Search) -> str:
         ax.plot(n, med, color="tab:orange", lw=1.5, label="population median")
     ax.set_xlabel("evaluation (completion order)")
     ax.set_ylabel("fitness (validation accuracy)")
-    ax.set_title(f"GA search: {search.cfg.model} on {search.cfg.dataset}, S={search.cfg.population}")
+    what = (f"{search.cfg.model} on {search.cfg.dataset}" if search.cfg.fitness == "train"
+            else f"synthetic fitness ({search.cfg.fitness})")
+    ax.set_title(f"GA search: {what}, S={search.cfg.population}")
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(alpha=0.3)
     path = search.run_dir / "search.png"
