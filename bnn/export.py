@@ -137,7 +137,7 @@ def _describe(model: nn.Module) -> tuple[list[dict], dict[str, np.ndarray]]:
                 unit["residual"] = "identity"
             else:
                 unit["residual"] = "down"
-                unit["down"] = _binary_conv(f"body.{i}.down", m.down_conv, m.down_bn, tensors)
+                unit["down"] = _binary_conv(f"body.{i}.down_conv", m.down_conv, m.down_bn, tensors)
             layers.append(unit)
         elif isinstance(m, nn.MaxPool2d):
             layers.append(_pool("maxpool2d", m))

@@ -116,6 +116,10 @@ def _read(path: str) -> tuple[dict, dict]:
         raise ModelFileError(f"{path}: not a safetensors file (unreadable header)") from None
     if not isinstance(header, dict):
         raise ModelFileError(f"{path}: not a safetensors file (header is not a JSON object)")
+    ends = [v.get("data_offsets", [0, 0])[1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
+    have = len(raw) - 8 - header_len
+    if ends and max(ends) > have:
+        raise ModelFileError(f"{path}: truncated (tensor data needs {max(ends)} bytes after the header, file has {have})")
     meta_raw = (header.get("__metadata__") or {}).get(FORMAT)
     if meta_raw is None:
         raise ModelFileError(f"{path}: not a {FORMAT} model (no '{FORMAT}' metadata; export it with python -m bnn.export)")
@@ -663,9 +667,9 @@ class _UnitStep(_Step):
         n_img = x.shape[0]
         y = self.out.reshape(n_img, *self.out_chw)
         if record is not None:
-            record.append({"name": f"{L['name']}.conv", **dict(zip("abcd", self.main.counts(a))), "y": y.copy()})
+            record.append({"name": conv.name, **dict(zip("abcd", self.main.counts(a))), "y": y.copy()})
             if self.down is not None:
-                record.append({"name": f"{L['name']}.down", **dict(zip("abcd", self.down.counts(a2)))})
+                record.append({"name": L["down"].name, **dict(zip("abcd", self.down.counts(a2)))})
         # The buffer is reused by the next call: hand out a copy only where the caller keeps it
         # beyond the next layer (the last layer's output is consumed at once by the pool).
         return y

@@ -84,6 +84,9 @@ def measure_expression(genome) -> str:
             node.func = ast.parse(f"math.{name}" if name in _MATH else _HELPERS[name], mode="eval").body
             return node
 
+    # Re-parse first: substitution shares subtrees (x appears twice in x/(x+y)), and the
+    # transformer must see each occurrence as its own node.
+    tree = ast.parse(ast.unparse(tree), mode="eval").body
     return ast.unparse(ast.fix_missing_locations(_ToNumba().visit(tree)))
 
 

@@ -1,0 +1,59 @@
+"""Models for the export/engine tests: built by bnn.models, BatchNorm statistics set from data."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from bnn.layers import BinaryConv2d
+from bnn.models import build_model
+
+
+def with_bn_stats(model: torch.nn.Module, x: torch.Tensor, passes: int = 2) -> torch.nn.Module:
+    """Set every BatchNorm's running statistics from ``x`` (cumulative average, momentum=None),
+    so a freshly initialized network has activations of sensible scale; returns it in eval mode."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None
+    model.train()
+    with torch.no_grad():
+        for _ in range(passes):
+            model(x)
+    return model.eval()
+
+
+def fresh_model(arch: str, measure: str, input_shape, x: torch.Tensor, seed: int = 0, random_alpha: bool = False):
+    torch.manual_seed(seed)
+    model = build_model(arch, measure, 10, input_shape)
+    if random_alpha:
+        # Per-channel alphas away from their initial values, so a transposed or mis-indexed alpha
+        # cannot pass. Positive, so M7's a**3 / ... stays away from sign games.
+        gen = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, BinaryConv2d):
+                    m.alpha.copy_(0.5 + torch.rand(m.alpha.shape, generator=gen) * 2)
+    return with_bn_stats(model, x)
+
+
+def digits_images() -> tuple[np.ndarray, np.ndarray]:
+    """All 1797 digits as uint8 (N, 1, 8, 8) and labels, without bnn.data's torch tensors."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return d.images.astype(np.uint8).reshape(-1, 1, 8, 8), d.target.astype(np.int64)
+
+
+def torch_logits(model, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.from_numpy(x)).numpy()
+
+
+def assert_logits_close(engine_logits: np.ndarray, torch_out: np.ndarray, rel: float = 1e-4) -> None:
+    """Same predictions, logits within ``rel`` of the largest logit magnitude of each image."""
+    assert engine_logits.shape == torch_out.shape
+    assert np.isfinite(torch_out).all(), "pick data on which the torch model is finite"
+    np.testing.assert_array_equal(engine_logits.argmax(1), torch_out.argmax(1))
+    scale = np.abs(torch_out).max(axis=1, keepdims=True)
+    err = np.abs(engine_logits - torch_out) / scale
+    assert err.max() <= rel, f"max relative logit error {err.max():.3g} > {rel}"
