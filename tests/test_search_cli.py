@@ -72,12 +72,14 @@ def test_paper_faithful_switches_every_saving_off(tmp_path):
     assert s["saved_by_cache"] == s["saved_by_equivalence"] == s["saved_by_screening"] == 0
 
 
-def test_existing_run_dir_needs_resume(tmp_path):
+def test_existing_run_dir_needs_resume(tmp_path, capsys):
     d = tmp_path / "run"
     assert cli(*SYN, "--max-evaluations", "10", "--run-dir", str(d)).returncode == 0
     before = (d / "journal.jsonl").read_bytes()
-    r = cli(*SYN, "--run-dir", str(d))
-    assert r.returncode == 2 and "--resume" in r.stderr
+    from bnn.search.cli import main
+
+    assert main([*SYN, "--run-dir", str(d)]) == 2
+    assert "--resume" in capsys.readouterr().err
     assert (d / "journal.jsonl").read_bytes() == before
 
 

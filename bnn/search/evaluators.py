@@ -115,10 +115,12 @@ class LocalPoolEvaluator:
 
     def poll(self) -> list[tuple[int, dict]]:
         while True:
+            # Checked on every poll, not only when results stop coming: otherwise a dead worker
+            # hides behind a busy one until the end of the run.
+            self._check_dead()
             try:
                 seq, res = self.results.get(timeout=1.0)
             except queue.Empty:
-                self._check_dead()
                 continue
             out = [(seq, res)]
             while True:  # drain whatever else finished meanwhile
