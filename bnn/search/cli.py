@@ -24,7 +24,7 @@ PRESETS = {
                    # that learns anything for the first 8 evaluations (initialization), then 0.15
                    # rejects the ones stuck at the majority class after one epoch.
                    thresholds=[0.0, 0.15], threshold_steps=[0, 8], max_evaluations=100, max_trainings=40,
-                   max_minutes=7.0, patience=None),
+                   max_minutes=6.0, patience=None),
     "paper": dict(dataset="cifar10", model="resnet18", epochs=15, population=30,
                   thresholds=[0.11, 0.25, 0.35, 0.40], threshold_steps=[0, 100, 200, 300],
                   max_evaluations=None, max_trainings=None, max_minutes=None, patience=200),

@@ -240,7 +240,7 @@ class Search:
             return
         h = self.cache.fhash(p.genome) if self.cache.use_equivalence else None
         key = h or p.genome
-        if self.cache.use_cache and key in self.training_hash.values():
+        if (self.cache.use_cache or self.cache.use_equivalence) and key in self.training_hash.values():
             # Asynchronous only: the same function is training on another worker right now;
             # wait for it rather than train it twice.
             self.parked.setdefault(key, []).append(p)
