@@ -3,7 +3,7 @@
 For one binary unit the engine has ``a`` from the popcount GEMM and the window sums ``px``,
 ``pw``, ``n`` (``counts.py`` derives them). One pass over ``a`` then computes, per output,
 
-    b = pw - a,  c = px - a,  d = n - px - pw + a           (SPEC section 1, exact int64)
+    b = pw - a,  c = px - a,  d = (n - pw) - px + a         (SPEC section 1; exact integers)
     m = B3(B1(U1(a), U2(d)), B2(U3(b), U4(c)))              (float32, every op rounded to float32)
     y = fma(m, scale, shift)  [+ residual]                  (folded BatchNorm as torch computes it,
                                                              bnn/export.py, refimpl/_fma.py)
@@ -41,7 +41,7 @@ from .operators import BINARY, UNARY, UNARY_SLOT_INPUTS
 
 # Raise when the generated text changes meaning, so stale cached files are not reused (the hash
 # of the text is in the file name anyway; this also invalidates Numba's cache entries).
-GENERATOR_VERSION = 4
+GENERATOR_VERSION = 5
 # Pixels per task of the epilogue's parallel loop: small enough to split a batch-1 layer over
 # threads, large enough that the per-task word buffer and loop setup are noise.
 PIXEL_CHUNK = 256
@@ -92,7 +92,7 @@ def measure_expression(genome) -> str:
 
 # Explicit signatures: the kernels compile when the module is imported, inside
 # ``_loop_vectorizer()`` (see ``load``), and the engine always passes C-contiguous arrays.
-_COMMON = "i8[:, :, ::1], i8[:, ::1], i8[:, ::1], i8[::1], f4[:, ::1], f4[::1], f4[::1]"
+_COMMON = "i8[:, :, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1]"
 _TAIL = "f4[:, :, ::1], u8[:, :, :, ::1], b1, i8, i8, i8"
 _SIGNATURES = {
     "none": f"void({_COMMON}, {_TAIL})",
@@ -104,21 +104,22 @@ _MODES = {
     # residual mode -> (extra parameters, how y is formed)
     "none": ("", "fma32(m, sc, sh)"),
     "identity": (", res", "fma32(m, sc, sh) + res[i, o, p]"),
-    "down": (", a2, px2, pw2, n2, alpha2, scale2, shift2", "fma32(m, sc, sh) + fma32(m2, sc2, sh2)"),
+    "down": (", a2, px2, pw2, npw2, alpha2, scale2, shift2", "fma32(m, sc, sh) + fma32(m2, sc2, sh2)"),
 }
 
 
 def _counts(suffix: str, i: str = "i") -> list[str]:
+    # The window sums arrive as float32: px (N, P), pw and npw = n - pw (O, P). Every value and
+    # every intermediate below is an integer of magnitude < 2**24, so float32 arithmetic is
+    # exact and gives the same a, b, c, d as the int64 identities (SPEC section 1); it saves
+    # three int64 -> float32 conversions and half the bytes of pw per output.
     s = suffix
     return [
-        f"av{s} = a{s}[{i}, o, p]",
+        f"A{s} = F(a{s}[{i}, o, p])",
         f"pxv{s} = px{s}[{i}, p]",
-        f"pwv{s} = pw{s}[o, p]",
-        # Counts are exact in float32 below 2**24 (SPEC section 1).
-        f"A{s} = F(av{s})",
-        f"B{s} = F(pwv{s} - av{s})",
-        f"C{s} = F(pxv{s} - av{s})",
-        f"D{s} = F(n{s}[p] - pxv{s} - pwv{s} + av{s})",
+        f"B{s} = pw{s}[o, p] - A{s}",
+        f"C{s} = pxv{s} - A{s}",
+        f"D{s} = (npw{s}[o, p] - pxv{s}) + A{s}",
     ]
 
 
@@ -168,8 +169,8 @@ def generate(genome) -> str:
             "",
             "",
             f'@numba.njit("{_SIGNATURES[mode]}", parallel=True, **OPTIONS)',
-            f"def epilogue_{mode}(a, px, pw, n, alpha, scale, shift{extra}, out, bits, pack, width, pad_h, pad_w):",
-            "    # a (N, O, P) int64; px (N, P); pw (O, P); n (P,); out (N, O, P) float32;",
+            f"def epilogue_{mode}(a, px, pw, npw, alpha, scale, shift{extra}, out, bits, pack, width, pad_h, pad_w):",
+            "    # a (N, O, P) int64; px (N, P), pw (O, P), npw = n - pw (O, P) float32; out (N, O, P);",
             "    # bits (N, Hp, Wp, K) uint64 with zero borders, written when pack is True.",
             "    # A task owns one image, one word of 64 channels and one chunk of pixels: it alone",
             "    # writes those words, so threads never share a word.",

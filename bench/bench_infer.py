@@ -1,0 +1,196 @@
+"""Binary ResNet-18 (CIFAR shape) in the Numba engine vs the same network in float32 PyTorch.
+
+    python bench/bench_infer.py [--threads T] [--batch 64] [--repeats 30]
+
+Side by side in one process at the same thread count, repeats interleaved (engine, torch,
+engine, ...) so that load from other processes hits both alike; times are medians.
+
+* engine: ``refimpl.engine`` on an exported ``bnn.models.resnet18`` (random weights, BatchNorm
+  statistics set from random data), baseline measure, whole network from normalized float32
+  input to logits.
+* torch: ``bnn.models.resnet18(binary=False)`` (the same shapes with ``nn.Conv2d``), eval,
+  ``torch.inference_mode()``, channels_last.
+
+Then per-layer engine timings, and the binary GEMMs alone against the popcount peak: one binary
+MAC is one bit of ``popcount(x AND w)``, counted nominally (N*Ho*Wo * O * C*KH*KW); the peak is
+``bench/popcount_peak.c`` run here when gcc is available (bench_counts.py does the same), else
+the nominal 1.2 T/s per core of this machine's vpopcntq.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numba
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from bench_counts import cpu_name, popcount_peak  # noqa: E402
+
+NOMINAL_PEAK_PER_CORE = 1.2e12  # binary MACs/s, vpopcntq on this machine (PERFORMANCE.md note)
+
+
+def build_models(seed: int = 0):
+    import torch
+
+    from bnn.export import export_model
+    from bnn.models import resnet18
+
+    torch.manual_seed(seed)
+    x = torch.randn(32, 3, 32, 32)
+    models = {}
+    for binary in (True, False):
+        m = resnet18(binary=binary)
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                mod.momentum = None
+        m.train()
+        with torch.no_grad():
+            m(x)
+        models[binary] = m.eval()
+    return models[True], models[False], export_model
+
+
+def median(times) -> float:
+    return float(np.median(times))
+
+
+def interleaved(fns: dict, repeats: int) -> dict:
+    for fn in fns.values():
+        fn()  # warm: JIT, allocator, oneDNN primitive cache
+        fn()
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+    return {k: median(v) for k, v in times.items()}
+
+
+def binary_macs(conv, n_img, out_h, out_w) -> int:
+    kh, kw = conv.kernel
+    return n_img * out_h * out_w * conv.out_channels * conv.in_channels * kh * kw
+
+
+def gemm_report(model, x, repeats):
+    """Per binary convolution: (name, MACs, seconds of the GEMM alone) at this batch."""
+    model.run(x)
+    plan = model._plan(x.shape[0])
+    rows = []
+    for step in plan.steps:
+        if not hasattr(step, "run_gemm"):
+            continue
+        for which, (conv, out_h, out_w) in enumerate(step.convs()):
+            t = interleaved({"g": lambda step=step, which=which: step.run_gemm(which)}, repeats)["g"]
+            rows.append((conv.name, binary_macs(conv, x.shape[0], out_h, out_w), t,
+                         (x.shape[0], conv.in_channels, out_h, conv.out_channels, conv.kernel[0])))
+    return rows
+
+
+def layer_report(model, x, repeats):
+    per = {}
+    for _ in range(repeats):
+        model.run(x, timings=True)
+        for label, t in model.last_timings:
+            per.setdefault(label, []).append(t)
+    return [(k, median(v)) for k, v in per.items()]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--no-layers", action="store_true", help="skip the per-layer and GEMM tables")
+    args = p.parse_args(argv)
+
+    import torch
+
+    from refimpl import engine
+
+    torch.set_num_threads(args.threads)
+    numba.set_num_threads(args.threads)
+    bin_model, float_model, export_model = build_models()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "resnet18.bnn")
+        export_model(bin_model, path)
+        eng = engine.load(path)
+    float_model = float_model.to(memory_format=torch.channels_last)
+
+    rng = np.random.default_rng(0)
+    xb = rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32)
+    x1 = xb[:1].copy()
+    tb = torch.from_numpy(xb).contiguous(memory_format=torch.channels_last)
+    t1 = torch.from_numpy(x1).contiguous(memory_format=torch.channels_last)
+
+    def torch_run(t):
+        with torch.inference_mode():
+            return float_model(t)
+
+    # The same predictions are not expected (different networks); check the engine is the real
+    # binary model on this input by comparing with its own torch version once.
+    with torch.no_grad():
+        ref = bin_model(torch.from_numpy(x1)).numpy()
+    got = eng.run(x1)
+    assert np.array_equal(got.argmax(1), ref.argmax(1)) and np.allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+    lat = interleaved({"engine": lambda: eng.run(x1), "torch": lambda: torch_run(t1)}, args.repeats)
+    thr = interleaved({"engine": lambda: eng.run(xb), "torch": lambda: torch_run(tb)}, max(5, args.repeats // 3))
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    print(f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs, {platform.python_implementation()} "
+          f"{platform.python_version()}, numba {numba.__version__}, torch {torch.__version__}, "
+          f"threading layer {numba.threading_layer()}")
+    print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}  (timings are only "
+          "comparable on a quiet machine; both sides share whatever load there was)")
+    print(f"threads: {args.threads}; binary ResNet-18, CIFAR 32x32, baseline measure; medians\n")
+    print(f"{'':28s} {'batch 1 latency':>16s} {'batch ' + str(args.batch) + ' images/s':>18s}")
+    b1e, b1t = lat["engine"] * 1e3, lat["torch"] * 1e3
+    ipe, ipt = args.batch / thr["engine"], args.batch / thr["torch"]
+    print(f"{'engine (binary, Numba)':28s} {b1e:13.3f} ms {ipe:18.0f}")
+    print(f"{'torch float32 channels_last':28s} {b1t:13.3f} ms {ipt:18.0f}")
+    print(f"{'speed-up':28s} {b1t / b1e:15.1f}x {ipe / ipt:17.1f}x   (goal: 5x and 8x)")
+
+    if args.no_layers:
+        return 0
+    peak = popcount_peak(args.threads)
+    peak_src = "bench/popcount_peak.c, measured now"
+    if peak is None:
+        peak = NOMINAL_PEAK_PER_CORE * args.threads / 1e12
+        peak_src = "nominal 1.2 T/s per core (no gcc)"
+    for n_img, x in ((1, x1), (args.batch, xb)):
+        rows = gemm_report(eng, x, max(5, args.repeats // 3))
+        layers = dict(layer_report(eng, x, max(5, args.repeats // 3)))
+        total = sum(layers.values())
+        gemm_total = sum(r[2] for r in rows)
+        macs = sum(r[1] for r in rows)
+        print(f"\nbatch {n_img}: whole network {total * 1e3:.3f} ms (sum of layers), binary GEMMs "
+              f"{gemm_total * 1e3:.3f} ms for {macs / 1e9:.2f} G binary MACs = {macs / gemm_total / 1e12:.2f} T/s; "
+              f"popcount peak {peak:.2f} T/s ({peak_src}): GEMMs at {100 * macs / gemm_total / 1e12 / peak:.0f}% of peak, "
+              f"whole network at {100 * macs / total / 1e12 / peak:.0f}%")
+        print(f"  {'layer':16s} {'ms':>8s} {'GEMM ms':>8s} {'GEMM T/s':>9s}  shape (N, C, HxW out, O, k)")
+        by_unit = {}
+        for name, m_, t, shape in rows:
+            unit = name.rsplit(".", 1)[0]
+            by_unit.setdefault(unit, []).append((name, m_, t, shape))
+        for label, t in layers.items():
+            g = by_unit.get(label, [])
+            gt = sum(r[2] for r in g)
+            gm = sum(r[1] for r in g)
+            shapes = "; ".join(f"{s[0]},{s[1]},{s[2]}x{s[2]},{s[3]},{s[4]}" for *_, s in g)
+            rate = f"{gm / gt / 1e12:9.2f}" if gt else f"{'':9s}"
+            print(f"  {label:16s} {t * 1e3:8.3f} {gt * 1e3:8.3f} {rate}  {shapes}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
