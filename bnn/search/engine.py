@@ -305,14 +305,14 @@ class Search:
     def _tick(self, e) -> None:
         if self._bar is None:
             return
-        if e is not None:
-            self._bar.update(1)
         s = self.summary_counts()
         members = self.ga.members()
-        best = members[0].fitness if members else float("nan")
-        self._bar.set_postfix(best=f"{best:.4f}", trained=s["trainings"], rejected=s["rejected"],
-                              cached=s["saved_by_cache"] + s["saved_by_equivalence"],
-                              screened=s["saved_by_screening"], refresh=False)
+        # Postfix before update(): update() redraws, and must show the new counts.
+        self._bar.set_postfix(best=f"{members[0].fitness:.4f}" if members else "-", trained=s["trainings"],
+                              rejected=s["rejected"], cached=s["saved_by_cache"] + s["saved_by_equivalence"],
+                              screened=s["saved_by_screening"], refresh=e is None)
+        if e is not None:
+            self._bar.update(1)
 
     # -- summary -----------------------------------------------------------------------------------
     def summary_counts(self) -> dict:
