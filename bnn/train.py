@@ -9,6 +9,15 @@ Resume is exact on CPU: every random draw of an epoch comes from one CPU ``torch
 whose state, with the model, optimizer, scheduler and global RNG states, is in the checkpoint
 written after every epoch; the metrics history is in the checkpoint too, and ``metrics.jsonl`` is
 rewritten from it on resume, so a kill between the two writes cannot duplicate or drop a line.
+
+Run folder: ``metrics.jsonl`` (one JSON object per epoch: epoch, train_loss, train_acc, val_acc,
+lr, images_per_s, wall_s, status), ``checkpoint.pt`` and, once finished, ``summary.json``.
+``checkpoint.pt`` loads with ``torch.load(path, weights_only=True)`` and holds what export needs:
+``model_config`` (arch, measure, num_classes, input_shape: ``bnn.models.build_model(**...)``
+rebuilds the model), ``model`` (the state_dict, CPU tensors), ``data`` (class_names, and mean/std
+in raw pixel units: the input is ``(pixel - mean[c]) / std[c]``), ``config`` (the TrainConfig),
+``status`` ("running" or a final status), ``test`` ((top-1, top-5) once done), and for resume
+``optimizer``, ``scheduler``, ``rng``, ``epoch``, ``history``.
 """
 from __future__ import annotations
 
@@ -276,6 +285,8 @@ def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: flo
         data = load_dataset(cfg.dataset, cfg.data_dir, cfg.val_size, cfg.split_seed, device, cfg.download)
     elif data.name != cfg.dataset.lower().replace("-", "") or data.device.type != device.type:
         raise ValueError(f"preloaded data is {data.name} on {data.device}, config wants {cfg.dataset} on {device}")
+    elif cfg.val_size is not None and cfg.val_size != data.val_size:
+        raise ValueError(f"preloaded data holds out {data.val_size} validation images, config wants {cfg.val_size}")
 
     gen = _seed_everything(cfg.seed)
     model = build_model(cfg.model, cfg.measure, data.num_classes, data.input_shape).to(device)

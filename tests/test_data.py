@@ -57,6 +57,17 @@ def test_malformed_archive_is_a_value_error(tmp_path, damage):
         load_dataset("cifar10", root)
 
 
+def test_download_without_torchvision_says_how_to_get_the_data(tmp_path):
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("torchvision is installed; a download would reach the network")
+    with pytest.raises(ValueError, match="torchvision.*cifar-10-python.tar.gz"):
+        load_dataset("cifar10", str(tmp_path), download=True)
+
+
 def test_unknown_dataset_is_a_value_error():
     with pytest.raises(ValueError, match="unknown dataset 'mnist'"):
         load_dataset("mnist")

@@ -99,6 +99,8 @@ def test_preloaded_data_is_reused_and_must_match_the_config(cifar_dirs):
     assert r.status == "ok"
     with pytest.raises(ValueError, match="preloaded"):
         train_model(_cfg(cifar_dirs, dataset="cifar100"), data=data)
+    with pytest.raises(ValueError, match="validation"):
+        train_model(_cfg(cifar_dirs, val_size=6), data=data)
 
 
 def test_presets_hold_the_papers_settings():
