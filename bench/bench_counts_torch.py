@@ -1,7 +1,7 @@
 """The torch count path (forward + backward, baseline measure) vs a plain float conv2d and vs
 the naive four-convolution formulation, at the 3x3 layers of a CIFAR ResNet-18, batch 64.
 
-    python bench/bench_counts_torch.py [--repeats 7] [--batch 64] [--layers 256]
+    python bench/bench_counts_torch.py [--repeats 7] [--batch 64] [--layers 256] [--threads 1] [--compile]
 
 Medians over repeats, all variants timed side by side in one process at torch's thread count.
 ``bench/bench_counts.py`` can call ``run()`` and print ``format_table()`` for its own report.
@@ -47,12 +47,20 @@ def _four_convolutions(x, w):
     return a, b, c, d
 
 
-def _variants():
-    return {
+def _count_path(x, w):
+    return bnn.measure("baseline", *bnn.counts_conv2d(x, w, padding=1))
+
+
+def _variants(compiled=False):
+    variants = {
         "conv2d": lambda x, w: F.conv2d(x, w, padding=1),
-        "counts+measure": lambda x, w: bnn.measure("baseline", *bnn.counts_conv2d(x, w, padding=1)),
+        "counts+measure": _count_path,
         "4-conv+measure": lambda x, w: bnn.measure("baseline", *_four_convolutions(x, w)),
     }
+    if compiled:
+        # torch.compile fuses the elementwise passes of the identities and the measure.
+        variants["compiled counts"] = torch.compile(_count_path, fullgraph=True)
+    return variants
 
 
 def _time(fn, x, w, grad, repeats):
@@ -67,18 +75,19 @@ def _time(fn, x, w, grad, repeats):
     return statistics.median(times)
 
 
-def run(batch=64, layers=LAYERS, repeats=7):
+def run(batch=64, layers=LAYERS, repeats=7, compiled=False):
     """Rows of (channels, size, {variant: median seconds fwd+bwd})."""
     rows = []
+    variants = _variants(compiled)
     gen = torch.Generator().manual_seed(0)
     for channels, size in layers:
         x = bnn.sign(torch.randn(batch, channels, size, size, generator=gen)).requires_grad_()
         w = bnn.sign(torch.randn(channels, channels, 3, 3, generator=gen)).requires_grad_()
         grad = torch.randn(batch, channels, size, size, generator=gen)
         # Interleave the variants so machine load affects them alike.
-        samples = {name: [] for name in _variants()}
+        samples = {name: [] for name in variants}
         for _ in range(repeats):
-            for name, fn in _variants().items():
+            for name, fn in variants.items():
                 samples[name].append(_time(fn, x, w, grad, 1))
         rows.append((channels, size, {k: statistics.median(v) for k, v in samples.items()}))
     return rows
@@ -90,12 +99,17 @@ def format_table(rows, batch=64) -> str:
         f"{_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads",
         f"{'layer':>12} {'conv2d ms':>10} {'counts ms':>10} {'4-conv ms':>10} {'counts/conv':>12} {'4-conv/counts':>14}",
     ]
+    if "compiled counts" in rows[0][2]:
+        lines[1] += f" {'compiled ms':>12} {'compiled/conv':>14}"
     for channels, size, t in rows:
         conv, ours, four = t["conv2d"], t["counts+measure"], t["4-conv+measure"]
-        lines.append(
+        line = (
             f"{f'{channels}x{size}x{size}':>12} {conv * 1e3:>10.2f} {ours * 1e3:>10.2f} {four * 1e3:>10.2f} "
             f"{ours / conv:>12.2f} {four / ours:>14.2f}"
         )
+        if "compiled counts" in t:
+            line += f" {t['compiled counts'] * 1e3:>12.2f} {t['compiled counts'] / conv:>14.2f}"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -105,11 +119,12 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--layers", type=int, nargs="*", help="channel counts to run (default: all four)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument("--compile", action="store_true", help="also time the count path under torch.compile")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     layers = [layer for layer in LAYERS if not args.layers or layer[0] in args.layers]
-    print(format_table(run(args.batch, layers, args.repeats), args.batch))
+    print(format_table(run(args.batch, layers, args.repeats, args.compile), args.batch))
 
 
 if __name__ == "__main__":
