@@ -205,3 +205,16 @@ def test_counts_stay_exact_whatever_convolution_algorithm_torch_picks(mkldnn):
     _assert_all_equal(expected, torch=[t.detach().numpy() for t in counts])
     if not mkldnn and torch.equal(raw, raw.round()):
         pytest.skip("this build picked an exact algorithm with oneDNN off; nothing to round")
+
+
+def test_boolean_inputs_count_like_pm1():
+    # refimpl also takes booleans (True is the +1 bit); the naive oracle binarizes by v >= 0.
+    rng = np.random.default_rng(9)
+    x, w = rng.random((2, 65, 6, 5)) < 0.5, rng.random((3, 65, 3, 3)) < 0.5
+    expected = naive.counts_conv2d(np.where(x, 1.0, -1.0), np.where(w, 1.0, -1.0), padding=1)
+    for k in KERNELS:
+        _assert_all_equal(expected, **{f"refimpl[{k}]": refimpl.counts_conv2d(x, w, padding=1, kernel=k)})
+    _assert_all_equal(
+        naive.counts_dense(np.where(x[:, :, 0, 0], 1.0, -1.0), np.where(w[:, :, 0, 0], 1.0, -1.0)),
+        refimpl=refimpl.counts_dense(x[:, :, 0, 0], w[:, :, 0, 0]),
+    )
