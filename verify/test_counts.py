@@ -47,7 +47,8 @@ def conv_problems(draw, channels=None):
     w = min_w + draw(st.integers(0, 5))
     h, w = h | 1, w | 1
     shape_x = (draw(st.integers(1, 4)), channels, h, w)
-    shape_w = (draw(st.integers(1, 5)), channels, kh, kw)
+    # Output channels past 8 and 16: refimpl's blocked kernel works in panels of 8 channels.
+    shape_w = (draw(st.one_of(st.integers(1, 20), st.sampled_from([8, 9, 16, 17]))), channels, kh, kw)
     seed = draw(st.integers(0, 2**32 - 1))
     return shape_x, shape_w, dict(stride=stride, padding=padding, dilation=dilation), seed
 
@@ -78,8 +79,9 @@ def test_conv2d_counts_naive_refimpl_torch_agree(channels, data):
 def test_dense_counts_naive_refimpl_torch_agree(features, data):
     k = features or data.draw(st.integers(1, 200))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    x = _values(rng, (data.draw(st.integers(1, 4)), k))
-    w = _values(rng, (data.draw(st.integers(1, 6)), k))
+    # Rows past 16 and units past 8: the blocked kernel's tiles are 16 pixels x 8 channels.
+    x = _values(rng, (data.draw(st.integers(1, 20)), k))
+    w = _values(rng, (data.draw(st.integers(1, 20)), k))
     expected = naive.counts_dense(x, w)
     xs, ws = (bnn.sign(torch.as_tensor(v, dtype=torch.float32)) for v in (x, w))
     _assert_all_equal(
