@@ -398,8 +398,10 @@ def _affine_fma(y, scale, shift):
         i = r // channels
         ch = r - i * channels
         sc, sh = scale[ch], shift[ch]
-        for p in range(positions):
-            y[i, ch, p] = fma32(y[i, ch, p], sc, sh)
+        row = y[i, ch]
+        # Unsigned index: no negative-index wraparound, so the loop vectorizes (epilogue.py).
+        for p in range(np.uint64(positions)):
+            row[p] = fma32(row[p], sc, sh)
 
 
 @jit(parallel=True)
@@ -414,9 +416,10 @@ def _pack_padded(x, width, pad_h, pad_w, bits):
         acc = np.zeros(positions, dtype=np.uint64)
         for ch in range(word * 64, min(channels, word * 64 + 64)):
             shift_bit = np.uint64(ch - word * 64)
-            for p in range(positions):
+            row = x[i, ch]
+            for p in range(np.uint64(positions)):
                 # Branch-free: a sign is data, a mispredicted branch per element dominated.
-                acc[p] |= np.uint64(x[i, ch, p] >= 0) << shift_bit
+                acc[p] |= np.uint64(row[p] >= 0) << shift_bit
         for p in range(positions):
             yy = p // width
             bits[i, yy + pad_h, p - yy * width + pad_w, word] = acc[p]
@@ -621,6 +624,9 @@ class _StemStep(_Step):
         self.wmat = np.ascontiguousarray(layer["weight"].reshape(o, -1).T)
         self.pad = nxt_pad
         self.bits_out = _bits_buffer(n_img, o, self.out_h, self.out_w, nxt_pad) if nxt_pad else None
+        # Buffers reused by every run (fresh ones cost a page fault per 4 KB at batch 64).
+        self.cols = np.empty((n_img, c, kh, kw, self.out_h, self.out_w), dtype=np.float32)
+        self.y = np.empty((n_img, o, self.out_h * self.out_w), dtype=np.float32)
 
     def __call__(self, x, record):
         L = self.layer
@@ -628,13 +634,13 @@ class _StemStep(_Step):
         n_img, c = x.shape[:2]
         xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw_, pw_))) if ph or pw_ else x
         # im2col: (N, C, KH, KW, Ho, Wo) gathered by strided slices, then one GEMM.
-        cols = np.empty((n_img, c, kh, kw, self.out_h, self.out_w), dtype=np.float32)
+        cols = self.cols
         for ty in range(kh):
             for tx in range(kw):
                 y0, x0 = ty * dh, tx * dw
                 cols[:, :, ty, tx] = xp[:, :, y0:y0 + sh * (self.out_h - 1) + 1:sh, x0:x0 + sw * (self.out_w - 1) + 1:sw]
         cols = cols.reshape(n_img, c * kh * kw, self.out_h * self.out_w)
-        y = np.matmul(self.wmat.T[None], cols)  # (N, O, P), float32 accumulation
+        y = np.matmul(self.wmat.T[None], cols, out=self.y)  # (N, O, P), float32 accumulation
         # Folded BatchNorm with torch's fused multiply-add (refimpl/_fma.py), in place.
         _affine_fma(y, L["scale"], L["shift"])
         if self.bits_out is not None:

@@ -41,7 +41,7 @@ from .operators import BINARY, UNARY, UNARY_SLOT_INPUTS
 
 # Raise when the generated text changes meaning, so stale cached files are not reused (the hash
 # of the text is in the file name anyway; this also invalidates Numba's cache entries).
-GENERATOR_VERSION = 5
+GENERATOR_VERSION = 6
 # Pixels per task of the epilogue's parallel loop: small enough to split a batch-1 layer over
 # threads, large enough that the per-task word buffer and loop setup are noise.
 PIXEL_CHUNK = 256
@@ -103,7 +103,7 @@ _SIGNATURES = {
 _MODES = {
     # residual mode -> (extra parameters, how y is formed)
     "none": ("", "fma32(m, sc, sh)"),
-    "identity": (", res", "fma32(m, sc, sh) + res[i, o, p]"),
+    "identity": (", res", "fma32(m, sc, sh) + resrow[p]"),
     "down": (", a2, px2, pw2, npw2, alpha2, scale2, shift2", "fma32(m, sc, sh) + fma32(m2, sc2, sh2)"),
 }
 
@@ -115,12 +115,19 @@ def _counts(suffix: str, i: str = "i") -> list[str]:
     # three int64 -> float32 conversions and half the bytes of pw per output.
     s = suffix
     return [
-        f"A{s} = F(a{s}[{i}, o, p])",
-        f"pxv{s} = px{s}[{i}, p]",
-        f"B{s} = pw{s}[o, p] - A{s}",
+        f"A{s} = F(arow{s}[p])",
+        f"pxv{s} = pxrow{s}[p]",
+        f"B{s} = pwrow{s}[p] - A{s}",
         f"C{s} = pxv{s} - A{s}",
-        f"D{s} = (npw{s}[o, p] - pxv{s}) + A{s}",
+        f"D{s} = (npwrow{s}[p] - pxv{s}) + A{s}",
     ]
+
+
+def _rows(suffix: str) -> list[str]:
+    # 1-D row views, indexed below with an unsigned p: Numba adds a negative-index wraparound
+    # select to every signed index, which hides the unit stride from LLVM's loop vectorizer.
+    s = suffix
+    return [f"arow{s} = a{s}[i, o]", f"pxrow{s} = px{s}[i]", f"pwrow{s} = pw{s}[o]", f"npwrow{s} = npw{s}[o]"]
 
 
 def generate(genome) -> str:
@@ -202,7 +209,15 @@ def generate(genome) -> str:
                 "            sc2 = scale2[o]",
                 "            sh2 = shift2[o]",
             ]
-        body += ["            for p in range(p0, p1):"]
+        body += [f"            {line}" for line in _rows("")]
+        if mode == "down":
+            body += [f"            {line}" for line in _rows("2")]
+        if mode == "identity":
+            body += ["            resrow = res[i, o]"]
+        body += [
+            "            outrow = out[i, o]",
+            "            for p in range(np.uint64(p0), np.uint64(p1)):",
+        ]
         body += [f"                {line}" for line in _counts("")]
         body += ["                m = measure(A, B, C, D, al0, al1, al2, al3)"]
         if mode == "down":
@@ -210,10 +225,10 @@ def generate(genome) -> str:
             body += ["                m2 = measure(A2, B2, C2, D2, bl0, bl1, bl2, bl3)"]
         body += [
             f"                y = {form}",
-            "                out[i, o, p] = y",
+            "                outrow[p] = y",
             "                # sign(0) = +1; NaN is not >= 0, so it binarizes to -1 as in torch. Branch-free:",
             "                # the signs are data, and a mispredicted branch per output cost 10x the rest.",
-            "                acc[p - p0] |= np.uint64(y >= F(0.0)) << shift_bit",
+            "                acc[p - np.uint64(p0)] |= np.uint64(y >= F(0.0)) << shift_bit",
             "        if pack:",
             "            for p in range(p0, p1):",
             "                yy = p // width",
