@@ -74,7 +74,8 @@ def measure(genome, a, b, c, d, alpha=None) -> torch.Tensor:
     """``B3(B1(U1(a), U2(d)), B2(U3(b), U4(c)))`` elementwise on counts of shape (N, C, ...).
 
     ``alpha``: (4, C), row i for slot U(i+1), broadcast over N and the spatial dims; None means
-    the table's initial values. Integer counts are converted to torch's default float dtype.
+    the table's initial values. Counts are evaluated in a's dtype (torch's default float dtype
+    if a is an integer tensor).
     """
     g = Genome.parse(genome)
     counts = [torch.as_tensor(v) for v in (a, b, c, d)]
@@ -84,18 +85,17 @@ def measure(genome, a, b, c, d, alpha=None) -> torch.Tensor:
             raise ValueError(f"count {name} has shape {tuple(v.shape)}, but a has {tuple(shape)}; all four must match")
     if len(shape) < 2:
         raise ValueError(f"counts need shape (N, C, ...), got {tuple(shape)}")
-    if not counts[0].dtype.is_floating_point:
-        counts = [v.to(torch.get_default_dtype()) for v in counts]
-    a, b, c, d = counts
+    dtype = counts[0].dtype if counts[0].dtype.is_floating_point else torch.get_default_dtype()
+    a, b, c, d = (v.to(dtype) for v in counts)  # no copy where the dtype already matches
     channels = shape[1]
     if alpha is None:
         if any(g.uses_alpha()):
             alpha = default_alpha(g, channels, dtype=a.dtype, device=a.device)
-    elif tuple(alpha.shape) != (4, channels):
+    elif tuple(torch.as_tensor(alpha).shape) != (4, channels):
         raise ValueError(f"alpha must have shape (4, {channels}) (one row per unary slot), got {tuple(alpha.shape)}")
     else:
         # Round alpha to the counts' dtype first, as refimpl does, so alpha*x is one rounding.
-        alpha = alpha.to(a.dtype)
+        alpha = torch.as_tensor(alpha).to(a.dtype)
     # Row i as (1, C, 1, ...) so it broadcasts over N and the spatial dims.
     per_channel = (1, channels) + (1,) * (len(shape) - 2)
     slots = []
