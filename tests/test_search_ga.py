@@ -317,7 +317,7 @@ def test_async_candidate_equal_to_one_in_training_waits_instead_of_training(tmp_
     props[1].genome = props[0].genome  # the same genome proposed while the first trains
     props[2].genome = "0-1-0-0-8-0-1"  # and a functional twin of it
     for p in props:
-        s._dispatch(p, journal=False)
+        s._dispatch(p)
     assert ev.submitted == ["0-1-0-0-0-0-1"], "the duplicate and the twin wait for the training"
     seq, res = ev.poll()[0]
     s._finish_training(seq, res)

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
 
 from . import journal as jr
@@ -215,8 +215,7 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
         cfg, run_dir, resuming = _config_from_args(args)
         _validate(cfg)
-        search = Search(cfg, run_dir, progress=not args.no_progress and not args.json,
-                        log=lambda m: print(m, file=sys.stderr))
+        search = Search(cfg, run_dir, progress=not args.no_progress and not args.json)
         search.load_reuse()
         if resuming:
             search.resume()

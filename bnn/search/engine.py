@@ -88,11 +88,10 @@ def _clean(v):
 
 
 class Search:
-    def __init__(self, cfg: SearchConfig, run_dir: Path, *, progress: bool = True, log=print):
+    def __init__(self, cfg: SearchConfig, run_dir: Path, *, progress: bool = True):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.progress_enabled = progress
-        self.log = log
         self.ga = GeneticSearch(cfg.population, Thresholds(cfg.thresholds, cfg.threshold_steps), cfg.seed)
         self.cache = FitnessCache(cfg.cache, cfg.equivalence, cfg.screening)
         self.results: dict[int, dict] = {}  # seq -> result event, in completion order
@@ -187,7 +186,7 @@ class Search:
         self._open_bar()
         try:
             for seq in sorted(self.ga.in_flight):  # resumed: what the killed process was running
-                self._dispatch(self.ga.in_flight[seq], journal=False)
+                self._dispatch(self.ga.in_flight[seq])
             while True:
                 while self._has_free_slot():
                     reason = self._should_stop()
@@ -197,7 +196,7 @@ class Search:
                     p = self.ga.propose()
                     self.proposals[p.seq] = p.to_dict()
                     self.journal.append(_clean({"type": "proposal", **p.to_dict()}), sync=False)
-                    self._dispatch(p, journal=True)
+                    self._dispatch(p)
                 if not self.evaluator.outstanding:
                     if any(self.parked.values()):  # cannot happen: parked jobs wait on an outstanding one
                         raise RuntimeError("internal error: candidates wait on a training that is not running")
@@ -232,7 +231,7 @@ class Search:
             return f"time budget ({cfg.max_minutes:g} min)"
         return None
 
-    def _dispatch(self, p, journal: bool) -> None:
+    def _dispatch(self, p) -> None:
         hit = self.cache.lookup(p.genome, p.threshold)
         if hit is not None:
             source, res, dup = hit
@@ -254,7 +253,7 @@ class Search:
         key = self.training_hash.pop(seq, None)
         self._finish(seq, res, "train", None)
         for p in self.parked.pop(key, []) if key else []:
-            self._dispatch(p, journal=False)
+            self._dispatch(p)
 
     def _finish(self, seq: int, res: dict, source: str, dup: str | None) -> None:
         p = self.ga.in_flight[seq]
