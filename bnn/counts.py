@@ -134,6 +134,10 @@ class _CountsConv2d(torch.autograd.Function):
                 for t in (a, px, pw, n):
                     t.round_()
             n_minus_pw = n.mul_(x.shape[1]) - pw  # (1, O, Ho, Wo): small
+            if a.dim() == 4 and not a.is_contiguous() and a.is_contiguous(memory_format=torch.channels_last):
+                # Elementwise results take their layout from the operands: give the small ones
+                # a's layout, or b, c, d come out NCHW under a channels_last model.
+                pw, px, n_minus_pw = (t.contiguous(memory_format=torch.channels_last) for t in (pw, px, n_minus_pw))
             b = pw - a
             c = px - a
             d = n_minus_pw - c

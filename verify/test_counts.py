@@ -220,3 +220,16 @@ def test_boolean_inputs_count_like_pm1():
         naive.counts_dense(np.where(x[:, :, 0, 0], 1.0, -1.0), np.where(w[:, :, 0, 0], 1.0, -1.0)),
         refimpl=refimpl.counts_dense(x[:, :, 0, 0], w[:, :, 0, 0]),
     )
+
+
+def test_channels_last_inputs_give_the_same_counts_in_channels_last():
+    # A channels_last model must not get NCHW counts back (every later op would convert).
+    gen = torch.Generator().manual_seed(4)
+    x = bnn.sign(torch.randn(3, 20, 7, 9, generator=gen))
+    w = bnn.sign(torch.randn(11, 20, 3, 3, generator=gen))
+    expected = refimpl.counts_conv2d(x.numpy(), w.numpy(), padding=1)
+    counts = bnn.counts_conv2d(
+        x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last), padding=1
+    )
+    _assert_all_equal(expected, torch=[t.numpy() for t in counts])
+    assert all(t.is_contiguous(memory_format=torch.channels_last) for t in counts)
