@@ -62,3 +62,18 @@ def test_layers_take_genomes_or_names_and_reject_unknown_measures():
     assert linear(torch.randn(7, 6)).shape == (7, 2)
     with pytest.raises(ValueError, match="unknown genome 'M12'"):
         bnn.BinaryConv2d(3, 4, 3, measure="M12")
+
+
+@pytest.mark.parametrize("measure", ["baseline", "M7"])
+def test_layers_trace_in_one_graph_under_torch_compile(measure):
+    # bnn.train's --compile relies on this: no graph break in counts, measure or the STEs.
+    torch.manual_seed(0)
+    conv = bnn.BinaryConv2d(4, 5, 3, padding=1, measure=measure)
+    x = torch.randn(2, 4, 6, 6, requires_grad=True)
+    eager = conv(x)
+    compiled = torch.compile(conv, backend="aot_eager", fullgraph=True)(x)
+    assert torch.equal(eager, compiled)
+    g_eager = torch.autograd.grad(eager.sum(), (x, conv.weight))
+    g_compiled = torch.autograd.grad(compiled.sum(), (x, conv.weight))
+    for e, c in zip(g_eager, g_compiled):
+        torch.testing.assert_close(c, e)
