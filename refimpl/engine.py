@@ -450,6 +450,18 @@ def _window_popcounts(bits, kh, kw, sh, sw, dh, dw, off_h, off_w, out_h, out_w, 
                 px[i, oy * out_w + ox] = np.float32(total)
 
 
+# Serial twins of the small kernels (``prange`` runs as ``range`` without parallel=True). A
+# parallel region costs a fork and a barrier; for work of one or two tasks (batch 1) that is all
+# cost, and on a busy machine the barrier waits for a descheduled thread (measured: 10 ms).
+_affine_fma_serial = jit(_affine_fma.py_func)
+_pack_padded_serial = jit(_pack_padded.py_func)
+_window_popcounts_serial = jit(_window_popcounts.py_func)
+
+
+def _pick(parallel, serial, tasks):
+    return parallel if tasks >= 2 * numba.get_num_threads() and numba.get_num_threads() > 1 else serial
+
+
 # The popcount GEMM. ``blocked.popcount_conv`` is the public entry; it re-derives the weight
 # panels, pads the input and allocates scratch on every call, which at batch 1 costs more than
 # the arithmetic of the small layers. When the tile kernel has the signature this engine was
@@ -540,7 +552,8 @@ class _ConvCounts:
 
     def __call__(self, bits):
         c = self.conv
-        _window_popcounts(bits, *c.kernel, *c.stride, *c.dilation, *self.off, self.out_h, self.out_w, self.px)
+        kernel = _pick(_window_popcounts, _window_popcounts_serial, bits.shape[0])
+        kernel(bits, *c.kernel, *c.stride, *c.dilation, *self.off, self.out_h, self.out_w, self.px)
         return self.gemm(bits), self.px
 
     def counts(self, a):
@@ -642,9 +655,10 @@ class _StemStep(_Step):
         cols = cols.reshape(n_img, c * kh * kw, self.out_h * self.out_w)
         y = np.matmul(self.wmat.T[None], cols, out=self.y)  # (N, O, P), float32 accumulation
         # Folded BatchNorm with torch's fused multiply-add (refimpl/_fma.py), in place.
-        _affine_fma(y, L["scale"], L["shift"])
+        _pick(_affine_fma, _affine_fma_serial, n_img * y.shape[1] // 64)(y, L["scale"], L["shift"])
         if self.bits_out is not None:
-            _pack_padded(y, self.out_w, self.pad[0], self.pad[1], self.bits_out)
+            pack = _pick(_pack_padded, _pack_padded_serial, n_img * n_words(y.shape[1]))
+            pack(y, self.out_w, self.pad[0], self.pad[1], self.bits_out)
         return y.reshape(n_img, -1, self.out_h, self.out_w)
 
 
@@ -769,7 +783,8 @@ class _PoolStep(_Step):
         acc = np.ascontiguousarray(acc, dtype=np.float32)
         if self.bits_out is not None:
             n_img, c = acc.shape[:2]
-            _pack_padded(acc.reshape(n_img, c, -1), ow, self.pad[0], self.pad[1], self.bits_out)
+            pack = _pick(_pack_padded, _pack_padded_serial, n_img * n_words(c))
+            pack(acc.reshape(n_img, c, -1), ow, self.pad[0], self.pad[1], self.bits_out)
         return acc
 
 
