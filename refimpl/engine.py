@@ -36,7 +36,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from . import blocked, epilogue
+from . import _jit, blocked, epilogue
 from ._fma import fma32
 from ._jit import jit
 from .bits import WORD_BITS, n_words, popcount
@@ -390,7 +390,6 @@ def _popcounts(words: np.ndarray) -> np.ndarray:
     return out
 
 
-@jit(parallel=True)
 def _affine_fma(y, scale, shift):
     # y (N, C, P) float32, in place: fma(y, scale[c], shift[c]).
     n_img, channels, positions = y.shape
@@ -404,7 +403,6 @@ def _affine_fma(y, scale, shift):
             row[p] = fma32(row[p], sc, sh)
 
 
-@jit(parallel=True)
 def _pack_padded(x, width, pad_h, pad_w, bits):
     # x (N, C, P) float32 -> bits (N, Hp, Wp, K) (zero borders kept): bit 1 where x >= 0.
     # As in the epilogue, a task owns one image and one word of 64 channels.
@@ -423,6 +421,15 @@ def _pack_padded(x, width, pad_h, pad_w, bits):
         for p in range(positions):
             yy = p // width
             bits[i, yy + pad_h, p - yy * width + pad_w, word] = acc[p]
+
+
+# Elementwise kernels compiled with LLVM's loop vectorizer on (refimpl/epilogue.py says why
+# the package default is off and why this is safe); explicit signatures so they compile here,
+# inside the context.
+with epilogue._loop_vectorizer():
+    _affine_fma = numba.njit("void(f4[:, :, ::1], f4[::1], f4[::1])", parallel=True, **_jit.OPTIONS)(_affine_fma)
+    _pack_padded = numba.njit("void(f4[:, :, ::1], i8, i8, i8, u8[:, :, :, ::1])", parallel=True,
+                              **_jit.OPTIONS)(_pack_padded)
 
 
 @jit(parallel=True)
@@ -450,16 +457,23 @@ def _window_popcounts(bits, kh, kw, sh, sw, dh, dw, off_h, off_w, out_h, out_w, 
                 px[i, oy * out_w + ox] = np.float32(total)
 
 
-# Serial twins of the small kernels (``prange`` runs as ``range`` without parallel=True). A
-# parallel region costs a fork and a barrier; for work of one or two tasks (batch 1) that is all
-# cost, and on a busy machine the barrier waits for a descheduled thread (measured: 10 ms).
-_affine_fma_serial = jit(_affine_fma.py_func)
-_pack_padded_serial = jit(_pack_padded.py_func)
-_window_popcounts_serial = jit(_window_popcounts.py_func)
+def _call(kernel, tasks, *args):
+    """Run a parallel kernel, on the calling thread alone when it has too few tasks to share.
 
-
-def _pick(parallel, serial, tasks):
-    return parallel if tasks >= 2 * numba.get_num_threads() and numba.get_num_threads() > 1 else serial
+    A parallel region costs a fork and a barrier; for one or two tasks (batch 1) that is all
+    cost, and on a busy machine the barrier waits for a descheduled thread (measured: 10 ms).
+    (Not a second, serial compilation of the same function: Numba's cache index does not
+    tell parallel=True from False, so the two would overwrite each other's cache entries.)
+    """
+    threads = numba.get_num_threads()
+    if threads > 1 and tasks < 2 * threads:
+        numba.set_num_threads(1)
+        try:
+            kernel(*args)
+        finally:
+            numba.set_num_threads(threads)
+    else:
+        kernel(*args)
 
 
 # The popcount GEMM. ``blocked.popcount_conv`` is the public entry; it re-derives the weight
@@ -552,8 +566,8 @@ class _ConvCounts:
 
     def __call__(self, bits):
         c = self.conv
-        kernel = _pick(_window_popcounts, _window_popcounts_serial, bits.shape[0])
-        kernel(bits, *c.kernel, *c.stride, *c.dilation, *self.off, self.out_h, self.out_w, self.px)
+        _call(_window_popcounts, bits.shape[0],
+              bits, *c.kernel, *c.stride, *c.dilation, *self.off, self.out_h, self.out_w, self.px)
         return self.gemm(bits), self.px
 
     def counts(self, a):
@@ -655,10 +669,9 @@ class _StemStep(_Step):
         cols = cols.reshape(n_img, c * kh * kw, self.out_h * self.out_w)
         y = np.matmul(self.wmat.T[None], cols, out=self.y)  # (N, O, P), float32 accumulation
         # Folded BatchNorm with torch's fused multiply-add (refimpl/_fma.py), in place.
-        _pick(_affine_fma, _affine_fma_serial, n_img * y.shape[1] // 64)(y, L["scale"], L["shift"])
+        _call(_affine_fma, n_img * y.shape[1] // 64, y, L["scale"], L["shift"])
         if self.bits_out is not None:
-            pack = _pick(_pack_padded, _pack_padded_serial, n_img * n_words(y.shape[1]))
-            pack(y, self.out_w, self.pad[0], self.pad[1], self.bits_out)
+            _call(_pack_padded, n_img * n_words(y.shape[1]), y, self.out_w, self.pad[0], self.pad[1], self.bits_out)
         return y.reshape(n_img, -1, self.out_h, self.out_w)
 
 
@@ -704,14 +717,16 @@ class _UnitStep(_Step):
             tail = (self.out[g0:g1], bits, self.pack, main.out_w, self.pad[0], self.pad[1])
             head = (a, px, main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift)
             a2 = None
+            tasks = (g1 - g0) * n_words(conv.out_channels) * -(-a.shape[2] // epilogue.PIXEL_CHUNK)
             if L["residual"] == "none":
-                self.ep.epilogue_none(*head, *tail)
+                _call(self.ep.epilogue_none, tasks, *head, *tail)
             elif L["residual"] == "identity":
-                self.ep.epilogue_identity(*head, res[g0:g1], *tail)
+                _call(self.ep.epilogue_identity, tasks, *head, res[g0:g1], *tail)
             else:
                 d = L["down"]
                 a2, px2 = down(bits_in)
-                self.ep.epilogue_down(*head, a2, px2, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, *tail)
+                _call(self.ep.epilogue_down, tasks,
+                      *head, a2, px2, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, *tail)
             if debug is not None:
                 debug.append((main.counts(a), down.counts(a2) if a2 is not None else None))
         y = self.out.reshape(n_img, *self.out_chw)
@@ -783,8 +798,8 @@ class _PoolStep(_Step):
         acc = np.ascontiguousarray(acc, dtype=np.float32)
         if self.bits_out is not None:
             n_img, c = acc.shape[:2]
-            pack = _pick(_pack_padded, _pack_padded_serial, n_img * n_words(c))
-            pack(acc.reshape(n_img, c, -1), ow, self.pad[0], self.pad[1], self.bits_out)
+            _call(_pack_padded, n_img * n_words(c), acc.reshape(n_img, c, -1), ow, self.pad[0], self.pad[1],
+                  self.bits_out)
         return acc
 
 
