@@ -276,7 +276,11 @@ def load(genome):
     directory = cache_dir()
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"{key}.py")
-    if not os.path.isfile(path) or open(path).read() != text:
+    current = None
+    if os.path.isfile(path):
+        with open(path) as f:
+            current = f.read()
+    if current != text:
         # Atomic, so a concurrent process never imports a half-written file.
         fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
