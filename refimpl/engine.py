@@ -326,6 +326,7 @@ class Model:
         ``timings=True`` records per-layer seconds in ``self.last_timings``.
         """
         x = self.check_input(x)
+        _RUN_THREADS[0] = numba.get_num_threads()
         plan = self._plan(x.shape[0])
         record = [] if debug else None
         clock = []
@@ -457,6 +458,11 @@ def _window_popcounts(bits, kh, kw, sh, sw, dh, dw, off_h, off_w, out_h, out_w, 
                 px[i, oy * out_w + ox] = np.float32(total)
 
 
+# numba.get_num_threads() takes a lock and costs ~5 us; a batch-1 run asked it ~60 times. Model.run
+# reads it once into this cell for the kernels of that run.
+_RUN_THREADS = [1]
+
+
 def _call(kernel, tasks, *args):
     """Run a parallel kernel, on the calling thread alone when it has too few tasks to share.
 
@@ -465,7 +471,7 @@ def _call(kernel, tasks, *args):
     (Not a second, serial compilation of the same function: Numba's cache index does not
     tell parallel=True from False, so the two would overwrite each other's cache entries.)
     """
-    threads = numba.get_num_threads()
+    threads = _RUN_THREADS[0]
     if threads > 1 and tasks < 2 * threads:
         numba.set_num_threads(1)
         try:
@@ -532,7 +538,7 @@ class _Gemm:
             blocked.popcount_conv(view, conv.bits, conv.stride, conv.padding, conv.dilation, *self.out_hw, self.a)
             return self.a
         # Same work split as blocked.popcount_conv: enough (tile, panel group) items for every thread.
-        groups = min(self.n_panels, max(1, -(-4 * numba.get_num_threads() // self.n_tiles)))
+        groups = min(self.n_panels, max(1, -(-4 * _RUN_THREADS[0] // self.n_tiles)))
         group_panels = -(-self.n_panels // groups)
         self.kernel(bits.reshape(-1), conv.panels, bits.shape[-1], self.taps_off, self.bases,
                     conv.out_channels, self.out_hw[0] * self.out_hw[1], group_panels,
