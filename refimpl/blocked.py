@@ -95,6 +95,10 @@ def tile_kernel_source(pixels: int, channels: int) -> list[str]:
     return lines
 
 
+def conv_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
 def weight_panels(wp: np.ndarray, channels: int = TILE_CHANNELS) -> np.ndarray:
     """(O, KH, KW, K) words -> flat panels (ceil(O/Q), KH*KW, K, Q), zero words past O."""
     n_out, kh, kw, k_words = wp.shape
@@ -135,27 +139,67 @@ def pad_input(xp: np.ndarray, padding) -> np.ndarray:
     return out.reshape(-1)
 
 
+class ConvPlan:
+    """The popcount GEMM of one convolution geometry, prepared once, run many times.
+
+    Holds the weight panels, the window origins, the tap offsets and the per-thread scratch, so
+    a call runs only the tile kernel: at batch 1 the preparation costs more than the arithmetic
+    of a small layer. The plan reads a zero-padded packed input buffer (``pad``). Its border,
+    ``buffer_padding``, may be wider than the convolution's own padding, so that a 1x1 shortcut
+    can read the buffer of the 3x3 convolution beside it: the window origins then shift inwards
+    by the difference.
+    """
+
+    def __init__(self, wp, n_img, h, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1), buffer_padding=None):
+        wp = np.ascontiguousarray(wp, dtype=np.uint64)
+        self.n_out, kh, kw, self.k_words = wp.shape
+        self.n_img, self.h, self.w = n_img, h, w
+        self.buffer_padding = tuple(padding if buffer_padding is None else buffer_padding)
+        if self.buffer_padding[0] < padding[0] or self.buffer_padding[1] < padding[1]:
+            raise ValueError(f"buffer padding {self.buffer_padding} is narrower than the convolution's {tuple(padding)}")
+        self.out_h = conv_output_size(h, kh, stride[0], padding[0], dilation[0])
+        self.out_w = conv_output_size(w, kw, stride[1], padding[1], dilation[1])
+        P, Q = TILE_PIXELS, TILE_CHANNELS
+        self.panels = weight_panels(wp, Q)
+        bh, bw = self.buffer_padding
+        shift = ((bh - padding[0]) * (w + 2 * bw) + (bw - padding[1])) * self.k_words
+        self.bases = pixel_bases(n_img, h, w, stride, self.buffer_padding, self.out_h, self.out_w, self.k_words) + shift
+        self.taps_off = tap_offsets(kh, kw, dilation, w, self.buffer_padding, self.k_words)
+        threads = numba.config.NUMBA_NUM_THREADS
+        self.xscratch = np.empty((threads, kh * kw * self.k_words * P), dtype=np.uint64)
+        self.bscratch = np.empty((threads, Q, P), dtype=np.uint64)
+        self.n_tiles = -(-(n_img * self.out_h * self.out_w) // P)
+        self.n_panels = -(-self.n_out // Q)
+
+    def pad(self, xp) -> np.ndarray:
+        """The packed (N, H, W, K) input in this plan's zero-bordered, flat buffer layout."""
+        return pad_input(xp, self.buffer_padding)
+
+    def __call__(self, xflat: np.ndarray, a: np.ndarray, threads: int | None = None) -> np.ndarray:
+        """Fill ``a`` (N, O, Ho*Wo), C-contiguous int64, from the flat padded input buffer.
+
+        ``threads``: the caller's Numba thread count, if it knows it (asking Numba takes a lock).
+        """
+        from . import _tiles
+
+        # Work items are (tile, group of panels). Small layers (batch 1, 4x4 maps) have fewer
+        # tiles than threads, so their panels are split into groups to give every thread work;
+        # each group gathers its tile's input again, which is cheap next to its panels.
+        threads = numba.get_num_threads() if threads is None else threads
+        groups = min(self.n_panels, max(1, -(-4 * threads // self.n_tiles)))
+        group_panels = -(-self.n_panels // groups)
+        kernel = getattr(_tiles, f"tiles_{TILE_PIXELS}x{TILE_CHANNELS}")
+        kernel(
+            xflat, self.panels, self.k_words, self.taps_off, self.bases, self.n_out,
+            self.out_h * self.out_w, group_panels, self.xscratch, self.bscratch, a.reshape(-1),
+        )
+        return a
+
+
 def popcount_conv(xp, wp, stride, padding, dilation, out_h, out_w, a):
     """Fill ``a`` (N, O, Ho*Wo), C-contiguous int64, with the popcount GEMM of packed operands."""
-    from . import _tiles
-
-    n_img, h, w, k_words = xp.shape
-    n_out, kh, kw, _ = wp.shape
-    P, Q = TILE_PIXELS, TILE_CHANNELS
-    kernel = getattr(_tiles, f"tiles_{P}x{Q}")
-    bases = pixel_bases(n_img, h, w, stride, padding, out_h, out_w, k_words)
-    taps_off = tap_offsets(kh, kw, dilation, w, padding, k_words)
-    threads = numba.config.NUMBA_NUM_THREADS
-    # Work items are (tile, group of panels). Small layers (batch 1, 4x4 maps) have fewer tiles
-    # than threads, so their panels are split into groups to give every thread work; each group
-    # gathers its tile's input again, which is cheap next to the panels it computes.
-    n_tiles = -(-(n_img * out_h * out_w) // P)
-    n_panels = -(-n_out // Q)
-    groups = min(n_panels, max(1, -(-4 * numba.get_num_threads() // n_tiles)))
-    group_panels = -(-n_panels // groups)
-    xscratch = np.empty((threads, kh * kw * k_words * P), dtype=np.uint64)
-    bscratch = np.empty((threads, Q, P), dtype=np.uint64)
-    kernel(
-        pad_input(xp, padding), weight_panels(wp, Q), k_words, taps_off, bases,
-        n_out, out_h * out_w, group_panels, xscratch, bscratch, a.reshape(-1),
-    )
+    n_img, h, w, _ = xp.shape
+    plan = ConvPlan(wp, n_img, h, w, stride, padding, dilation)
+    if (plan.out_h, plan.out_w) != (out_h, out_w):
+        raise ValueError(f"output is {plan.out_h}x{plan.out_w}, not {out_h}x{out_w}")
+    return plan(plan.pad(xp), a)

@@ -19,12 +19,9 @@ import numpy as np
 from numba import prange
 
 from . import blocked, gemm
+from .blocked import conv_output_size
 from ._jit import jit
 from .bits import pack_nchw, popcount
-
-
-def conv_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
-    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
 def _pair(value, name: str) -> tuple[int, int]:

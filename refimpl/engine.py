@@ -69,7 +69,6 @@ class Conv:
     alpha: np.ndarray  # (4, O) float32
     scale: np.ndarray  # (O,) float32
     shift: np.ndarray  # (O,) float32
-    panels: np.ndarray = field(default=None, repr=False)  # the GEMM's weight layout, built once
     taps: np.ndarray = field(default=None, repr=False)  # popcount of each (O, KH, KW) weight tap
 
 
@@ -265,7 +264,6 @@ class Model:
         tail = i % WORD_BITS
         if tail and np.any(conv.bits[..., -1] >> np.uint64(tail)):
             raise ModelFileError(f"{w}: weight bits past channel {i} are set (SPEC section 1: tail bits are zero)")
-        conv.panels = blocked.weight_panels(conv.bits, blocked.TILE_CHANNELS)
         # popcount of every weight tap, for pw (the weight's window sums).
         conv.taps = _popcounts(conv.bits.reshape(o * kh * kw, -1)).reshape(o, kh, kw)
         return conv
@@ -482,68 +480,17 @@ def _call(kernel, tasks, *args):
         kernel(*args)
 
 
-# The popcount GEMM. ``blocked.popcount_conv`` is the public entry; it re-derives the weight
-# panels, pads the input and allocates scratch on every call, which at batch 1 costs more than
-# the arithmetic of the small layers. When the tile kernel has the signature this engine was
-# written against, a plan calls it directly with all of that prepared once; otherwise (the
-# kernel changed) the engine falls back to ``popcount_conv`` on an unpadded view.
-_TILE_PARAMS = ("xflat", "wflat", "k_words", "taps_off", "bases", "n_out", "positions",
-                "group_panels", "xscratch", "bscratch", "a")
-
-
-def _tile_kernel():
-    from . import _tiles
-
-    kernel = getattr(_tiles, f"tiles_{blocked.TILE_PIXELS}x{blocked.TILE_CHANNELS}", None)
-    if kernel is None:
-        return None
-    try:
-        params = tuple(inspect.signature(kernel.py_func).parameters)
-    except (AttributeError, TypeError, ValueError):
-        return None
-    return kernel if params == _TILE_PARAMS else None
-
-
 class _Gemm:
     """``a`` (N, O, Ho*Wo) of one binary convolution over a padded word buffer."""
 
     def __init__(self, conv: Conv, n_img, h, w, buf_pad, out_h, out_w):
-        self.conv = conv
-        self.h, self.w, self.buf_pad = h, w, buf_pad
-        k = conv.bits.shape[-1]
-        kh, kw = conv.kernel
-        self.kernel = _tile_kernel()
+        # Prepared once per plan: at batch 1 the preparation costs more than the arithmetic.
+        self.plan = blocked.ConvPlan(conv.bits, n_img, h, w, conv.stride, conv.padding, conv.dilation,
+                                     buffer_padding=buf_pad)
         self.a = np.empty((n_img, conv.out_channels, out_h * out_w), dtype=np.int64)
-        self.out_hw = (out_h, out_w)
-        if self.kernel is None:
-            return
-        P, Q = blocked.TILE_PIXELS, blocked.TILE_CHANNELS
-        # Bases are computed for the buffer's padding (its geometry); a layer padded less than
-        # its buffer reads from an origin shifted by the difference (1x1 shortcut convolutions
-        # share the 3x3 convolution's buffer).
-        self.bases = blocked.pixel_bases(n_img, h, w, conv.stride, buf_pad, out_h, out_w, k)
-        shift = ((buf_pad[0] - conv.padding[0]) * (w + 2 * buf_pad[1]) + (buf_pad[1] - conv.padding[1])) * k
-        self.taps_off = blocked.tap_offsets(kh, kw, conv.dilation, w, buf_pad, k) + shift
-        threads = numba.config.NUMBA_NUM_THREADS
-        self.xscratch = np.empty((threads, kh * kw * k * P), dtype=np.uint64)
-        self.bscratch = np.empty((threads, Q, P), dtype=np.uint64)
-        self.n_tiles = -(-(n_img * out_h * out_w) // P)
-        self.n_panels = -(-conv.out_channels // Q)
 
     def __call__(self, bits: np.ndarray) -> np.ndarray:
-        conv = self.conv
-        if self.kernel is None:
-            ph, pw_ = self.buf_pad
-            view = bits[:, ph:ph + self.h, pw_:pw_ + self.w]
-            blocked.popcount_conv(view, conv.bits, conv.stride, conv.padding, conv.dilation, *self.out_hw, self.a)
-            return self.a
-        # Same work split as blocked.popcount_conv: enough (tile, panel group) items for every thread.
-        groups = min(self.n_panels, max(1, -(-4 * _RUN_THREADS[0] // self.n_tiles)))
-        group_panels = -(-self.n_panels // groups)
-        self.kernel(bits.reshape(-1), conv.panels, bits.shape[-1], self.taps_off, self.bases,
-                    conv.out_channels, self.out_hw[0] * self.out_hw[1], group_panels,
-                    self.xscratch, self.bscratch, self.a.reshape(-1))
-        return self.a
+        return self.plan(bits.reshape(-1), self.a, threads=_RUN_THREADS[0])
 
 
 class _ConvCounts:

@@ -414,23 +414,3 @@ def test_one_thread_and_all_threads_give_identical_logits(tmp_path):
     np.testing.assert_array_equal(serial, parallel)
 
 
-def test_fallback_to_blocked_popcount_conv_gives_identical_counts(tmp_path, monkeypatch):
-    # The engine calls the tile kernel directly when its signature is the one it knows, else
-    # blocked.popcount_conv; both must produce the same counts.
-    x = torch.randn(3, 3, 32, 32)
-    model = fresh_model("resnet18", "baseline", (3, 32, 32), x)
-    path = tmp_path / "r.bnn"
-    export_model(model, str(path))
-    xs = x.numpy().copy()
-    fast = engine.load(str(path))
-    assert engine._tile_kernel() is not None, (
-        "refimpl/_tiles.py's kernel signature changed: update engine._TILE_PARAMS and _Gemm, "
-        "or the engine silently runs the slower blocked.popcount_conv path")
-    logits_fast, rec_fast = fast.run(xs, debug=True)
-    monkeypatch.setattr(engine, "_tile_kernel", lambda: None)
-    slow = engine.load(str(path))
-    logits_slow, rec_slow = slow.run(xs, debug=True)
-    np.testing.assert_array_equal(logits_fast, logits_slow)
-    for r, s in zip(rec_fast, rec_slow):
-        for key in "abcd":
-            np.testing.assert_array_equal(r[key], s[key], err_msg=f"{r['name']} {key}")
