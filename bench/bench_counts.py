@@ -11,7 +11,9 @@ Rows:
 * ``kernel``: the blocked popcount GEMM alone on packed operands (``a`` only).
 * ``counts packed``: a, b, c, d from packed operands (kernel + window sums + identities).
 * ``counts API``: ``refimpl.counts_conv2d`` from +-1 float32 NCHW, packing included, returning
-  four int64 arrays (memory-bound: 32 bytes written per output).
+  four fresh int64 arrays (memory-bound: 32 bytes written per output, and glibc hands every
+  large fresh block back as new pages, whose faults cost more than the popcounts).
+* ``API, out=``: the same call writing into four reused arrays (``out=``), as a loop would.
 The popcount ceiling is measured by ``bench/popcount_peak.c`` (gcc, AVX-512 vpopcntq, L1
 resident) in the same run. Then the torch count path (bench/bench_counts_torch.py), if present.
 """
@@ -94,7 +96,8 @@ def main(argv=None) -> int:
     print(f"# numpy {np.__version__}, numba {numba.__version__}, torch {torch.__version__}")
     peak = popcount_peak(args.threads)
     print(f"# popcount ceiling (bench/popcount_peak.c): " + (f"{peak:.2f} T binary MACs/s" if peak else "gcc not available"))
-    header = f"{'layer':>14} | {'torch conv2d':>12} | {'kernel':>17} | {'counts packed':>13} | {'counts API':>17} | {'kernel/peak':>11}"
+    header = (f"{'layer':>14} | {'torch conv2d':>12} | {'kernel':>17} | {'counts packed':>16} | "
+              f"{'counts API':>16} | {'API, out=':>16} | {'kernel/peak':>11}")
     print(header)
     print("-" * len(header))
     rng = np.random.default_rng(0)
@@ -116,13 +119,15 @@ def main(argv=None) -> int:
         t_kernel = median_time(lambda: blocked.popcount_conv(xp, wp, (1, 1), (1, 1), (1, 1), size, size, a), args.repeats)
         t_packed = median_time(lambda: counts_conv2d_packed(xp, wp, channels, 1, 1, 1), args.repeats)
         t_api = median_time(lambda: refimpl.counts_conv2d(x, w, 1, 1, 1), args.repeats)
+        out = tuple(np.empty((n, channels, size, size), dtype=np.int64) for _ in range(4))
+        t_out = median_time(lambda: refimpl.counts_conv2d(x, w, 1, 1, 1, out=out), args.repeats)
         tera = lambda t: macs / t / 1e12  # noqa: E731
         ratio = lambda t: t_torch / t  # noqa: E731
         peak_share = f"{tera(t_kernel) / peak:.0%}" if peak else "n/a"
         print(
             f"{f'{channels}ch {size}x{size}':>14} | {t_torch * 1e3:9.2f} ms | "
-            f"{t_kernel * 1e3:6.2f} ms {tera(t_kernel):4.2f}T | {t_packed * 1e3:6.2f} ms x{ratio(t_packed):4.1f} | "
-            f"{t_api * 1e3:6.2f} ms x{ratio(t_api):5.1f} | {peak_share:>11}"
+            f"{t_kernel * 1e3:6.2f} ms {tera(t_kernel):4.2f}T | {t_packed * 1e3:6.2f} ms x{ratio(t_packed):5.1f} | "
+            f"{t_api * 1e3:6.2f} ms x{ratio(t_api):5.1f} | {t_out * 1e3:6.2f} ms x{ratio(t_out):5.1f} | {peak_share:>11}"
         )
     print("# T = tera binary MACs/s; xR = speed-up over torch conv2d float32 in the same run")
     print(f"# torch conv2d float32 reached {tera(t_torch):.2f} T MACs/s on the last layer")

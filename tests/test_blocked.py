@@ -40,3 +40,19 @@ def test_plan_refuses_a_buffer_narrower_than_the_padding():
     wp = pack_nchw(np.ones((8, 64, 3, 3), dtype=np.float32))
     with pytest.raises(ValueError, match="narrower"):
         blocked.ConvPlan(wp, 1, 8, 8, (1, 1), (1, 1), (1, 1), buffer_padding=(0, 0))
+
+
+def test_counts_written_into_out_equal_fresh_counts_and_bad_out_is_refused():
+    import refimpl
+
+    rng = np.random.default_rng(7)
+    x = rng.choice([-1.0, 1.0], size=(2, 70, 5, 5))
+    w = rng.choice([-1.0, 1.0], size=(9, 70, 3, 3))
+    fresh = refimpl.counts_conv2d(x, w, padding=1)
+    out = tuple(np.full((2, 9, 5, 5), -7, dtype=np.int64) for _ in range(4))
+    returned = refimpl.counts_conv2d(x, w, padding=1, out=out)
+    for f, o, r in zip(fresh, out, returned):
+        assert r is o
+        np.testing.assert_array_equal(f, o)
+    with pytest.raises(ValueError, match="int64 of shape"):
+        refimpl.counts_conv2d(x, w, padding=1, out=out[:3] + (np.zeros((2, 9, 5, 5)),))
