@@ -27,19 +27,28 @@ _HELPERS = {"max": "nan_max", "min": "nan_min", "abs": "abs"}
 DTYPES = {"f64": "np.float64", "f32": "np.float32"}
 
 
+class _ToNumba(ast.NodeTransformer):
+    # Constants in the dtype (F), table functions bound to math.* or the NaN-propagating helpers.
+    def visit_Constant(self, node: ast.Constant) -> ast.expr:
+        return ast.Call(ast.Name("F"), [ast.Constant(float(node.value))], [])
+
+    def visit_Call(self, node: ast.Call) -> ast.expr:
+        self.generic_visit(node)
+        name = node.func.id
+        node.func = ast.parse(f"math.{name}" if name in _MATH else _HELPERS[name], mode="eval").body
+        return node
+
+
+def to_numba(tree: ast.expr) -> str:
+    """Numba source of a formula tree (constants as ``F(c)``, for a module that binds ``F``)."""
+    # Re-parse first: substitution shares subtrees (x appears twice in x/(x+y)), and the
+    # transformer must see each occurrence as its own node.
+    fresh = ast.parse(ast.unparse(tree), mode="eval").body
+    return ast.unparse(ast.fix_missing_locations(_ToNumba().visit(fresh)))
+
+
 def _numba_expr(formula: str) -> str:
-    class _ToNumba(ast.NodeTransformer):
-        def visit_Constant(self, node: ast.Constant) -> ast.expr:
-            return ast.Call(ast.Name("F"), [ast.Constant(float(node.value))], [])
-
-        def visit_Call(self, node: ast.Call) -> ast.expr:
-            self.generic_visit(node)
-            name = node.func.id
-            node.func = ast.parse(f"math.{name}" if name in _MATH else _HELPERS[name], mode="eval").body
-            return node
-
-    tree = _ToNumba().visit(parse(formula))
-    return ast.unparse(ast.fix_missing_locations(tree))
+    return to_numba(parse(formula))
 
 
 def _function(name: str, args: str, table, suffix: str) -> list[str]:

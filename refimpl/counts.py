@@ -52,22 +52,33 @@ def _popcount_words(words, out):
         out[r] = total
 
 
+@jit
+def tap_range(out_pos, stride, padding, dilation, kernel, size):
+    """Taps [t0, t1) of one kernel axis that land inside the input at output position out_pos.
+
+    The tap t reads input position ``out_pos*stride - padding + t*dilation``; the in-bounds taps
+    are one contiguous run, so window sums need no per-tap bounds test.
+    """
+    start = out_pos * stride - padding
+    t0 = 0 if start >= 0 else (-start + dilation - 1) // dilation
+    t1 = min(kernel, (size - start + dilation - 1) // dilation)
+    return t0, max(t0, t1)
+
+
 @jit(parallel=True)
 def _window_sums(pix, kh, kw, stride, padding, dilation, out_h, out_w, out):
     # pix (I, H, W) per-pixel values -> out (I, Ho, Wo): sums over the in-bounds taps.
     n_img, h, w = pix.shape
     for i in prange(n_img):
         for oy in range(out_h):
+            ty0, ty1 = tap_range(oy, stride[0], padding[0], dilation[0], kh, h)
             for ox in range(out_w):
+                tx0, tx1 = tap_range(ox, stride[1], padding[1], dilation[1], kw, w)
                 total = 0
-                for ty in range(kh):
+                for ty in range(ty0, ty1):
                     y = oy * stride[0] - padding[0] + ty * dilation[0]
-                    if y < 0 or y >= h:
-                        continue
-                    for tx in range(kw):
-                        x = ox * stride[1] - padding[1] + tx * dilation[1]
-                        if 0 <= x < w:
-                            total += pix[i, y, x]
+                    for tx in range(tx0, tx1):
+                        total += pix[i, y, ox * stride[1] - padding[1] + tx * dilation[1]]
                 out[i, oy, ox] = total
 
 
@@ -77,17 +88,10 @@ def _weight_window_sums(wtaps, h, w, stride, padding, dilation, out_h, out_w, ou
     n_out, kh, kw = wtaps.shape
     for o in prange(n_out):
         for oy in range(out_h):
+            ty0, ty1 = tap_range(oy, stride[0], padding[0], dilation[0], kh, h)
             for ox in range(out_w):
-                total = 0
-                for ty in range(kh):
-                    y = oy * stride[0] - padding[0] + ty * dilation[0]
-                    if y < 0 or y >= h:
-                        continue
-                    for tx in range(kw):
-                        x = ox * stride[1] - padding[1] + tx * dilation[1]
-                        if 0 <= x < w:
-                            total += wtaps[o, ty, tx]
-                out[o, oy, ox] = total
+                tx0, tx1 = tap_range(ox, stride[1], padding[1], dilation[1], kw, w)
+                out[o, oy, ox] = wtaps[o, ty0:ty1, tx0:tx1].sum()
 
 
 @jit(parallel=True)

@@ -26,7 +26,6 @@ Cache directory: ``$BNN_MEASURE_CACHE``, else ``$XDG_CACHE_HOME/bnn-measure``, e
 """
 from __future__ import annotations
 
-import ast
 import contextlib
 import hashlib
 import importlib.util
@@ -34,10 +33,8 @@ import os
 import sys
 import tempfile
 
-from . import formula as _formula
-from .codegen import _HELPERS, _MATH
+from .codegen import to_numba
 from .genome import Genome
-from .operators import BINARY, UNARY, UNARY_SLOT_INPUTS
 
 # Raise when the generated text changes meaning, so stale cached files are not reused (the hash
 # of the text is in the file name anyway; this also invalidates Numba's cache entries).
@@ -61,33 +58,8 @@ def measure_expression(genome) -> str:
     Each table formula is substituted into the graph unchanged, so the operations (and their
     float32 roundings) are the ones ``refimpl.measure(dtype=float32)`` performs.
     """
-    g = Genome.parse(genome)
-    slots = []
-    for slot, (code, count) in enumerate(zip(g.unary, UNARY_SLOT_INPUTS)):
-        tree = _formula.parse(UNARY[code].formula)
-        slots.append(_formula.substitute(tree, {"x": ast.Name(count), "alpha": ast.Name(f"al{slot}")}))
-    a_, d_, b_, c_ = slots
-    b1, b2, b3 = (_formula.parse(BINARY[c].formula) for c in g.binary)
-    left = _formula.substitute(b1, {"x": a_, "y": d_})
-    right = _formula.substitute(b2, {"x": b_, "y": c_})
-    tree = _formula.substitute(b3, {"x": left, "y": right})
-
-    class _ToNumba(ast.NodeTransformer):
-        # As codegen._numba_expr: constants in float32, table functions to math.* or the
-        # NaN-propagating helpers of _numba_ops.
-        def visit_Constant(self, node: ast.Constant) -> ast.expr:
-            return ast.Call(ast.Name("F"), [ast.Constant(float(node.value))], [])
-
-        def visit_Call(self, node: ast.Call) -> ast.expr:
-            self.generic_visit(node)
-            name = node.func.id
-            node.func = ast.parse(f"math.{name}" if name in _MATH else _HELPERS[name], mode="eval").body
-            return node
-
-    # Re-parse first: substitution shares subtrees (x appears twice in x/(x+y)), and the
-    # transformer must see each occurrence as its own node.
-    tree = ast.parse(ast.unparse(tree), mode="eval").body
-    return ast.unparse(ast.fix_missing_locations(_ToNumba().visit(tree)))
+    tree = Genome.parse(genome).expression([f"al{slot}" for slot in range(4)])
+    return to_numba(tree)
 
 
 # Explicit signatures: the kernels compile when the module is imported, inside

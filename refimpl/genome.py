@@ -130,18 +130,23 @@ class Genome:
     def uses_alpha(self) -> tuple[bool, bool, bool, bool]:
         return tuple(UNARY[c].uses_alpha for c in self.unary)
 
+    def expression(self, alpha_names=None) -> ast.expr:
+        """The measure as one expression tree over the names a, b, c, d and the slots' alphas.
+
+        ``alpha_names``: the name of each unary slot's alpha (default ``alpha_a`` ... ``alpha_c``).
+        """
+        if alpha_names is None:
+            alpha_names = [f"alpha_{count}" for count in UNARY_SLOT_INPUTS]
+        slots = [
+            _formula.substitute(_formula.parse(UNARY[code].formula), {"x": ast.Name(count), "alpha": ast.Name(alpha)})
+            for code, count, alpha in zip(self.unary, UNARY_SLOT_INPUTS, alpha_names)
+        ]
+        a_, d_, b_, c_ = slots
+        b1, b2, b3 = (_formula.parse(BINARY[c].formula) for c in self.binary)
+        left = _formula.substitute(b1, {"x": a_, "y": d_})
+        right = _formula.substitute(b2, {"x": b_, "y": c_})
+        return _formula.substitute(b3, {"x": left, "y": right})
+
     def formula(self) -> str:
         """The measure as a formula in a, b, c, d (alphas named alpha_a ... alpha_c)."""
-        slots = []
-        for code, count in zip(self.unary, UNARY_SLOT_INPUTS):
-            tree = _formula.parse(UNARY[code].formula)
-            slots.append(
-                _formula.substitute(
-                    tree, {"x": ast.Name(count), "alpha": ast.Name(f"alpha_{count}")}
-                )
-            )
-        a_, d_, b_, c_ = slots
-        u1, u2, u3 = (_formula.parse(BINARY[c].formula) for c in self.binary)
-        left = _formula.substitute(u1, {"x": a_, "y": d_})
-        right = _formula.substitute(u2, {"x": b_, "y": c_})
-        return _formula.render(_formula.substitute(u3, {"x": left, "y": right}))
+        return _formula.render(self.expression())
