@@ -324,3 +324,19 @@ def test_async_candidate_equal_to_one_in_training_waits_instead_of_training(tmp_
     src = {e["seq"]: (e["source"], e.get("duplicate_of")) for e in s.results.values()}
     assert src == {0: ("train", None), 1: ("cache", None), 2: ("equivalent", "0-1-0-0-0-0-1")}
     assert s.results[1]["fitness"] == s.results[2]["fitness"] == s.results[0]["fitness"]
+
+
+def test_unique_members_refuses_a_copy_that_algorithm_1_would_insert():
+    # A child equal to a member, fitter than the weakest: Algorithm 1 inserts it again,
+    # unique_members (the default with the cache on) does not.
+    for unique, expect in ((False, True), (True, False)):
+        ga = GeneticSearch(2, Thresholds([0.0]), 0, unique_members=unique)
+        first = ga.propose()
+        ga.tell(first.seq, 0.5)
+        base = ga.propose()
+        assert base.kind == "baseline"
+        ga.tell(base.seq, 0.9)
+        child = ga.propose()
+        child.genome = base.genome  # the bred child happens to be the baseline again
+        ga.in_flight[child.seq] = child
+        assert ga.tell(child.seq, 0.9)["entered"] is expect

@@ -36,7 +36,7 @@ from .ga import GeneticSearch, Thresholds
 # Fields that define what a search computes: fixed at start, taken from the journal on resume.
 SEARCH_FIELDS = ("dataset", "model", "epochs", "population", "seed", "thresholds", "threshold_steps",
                  "batch_size", "lr", "val_size", "train_seed", "fitness", "cache", "equivalence",
-                 "screening", "reuse")
+                 "screening", "unique_members", "reuse")
 # Fields that must match for another run's trainings to be reused (--reuse).
 TRAIN_FIELDS = ("dataset", "model", "epochs", "batch_size", "lr", "val_size", "train_seed", "fitness")
 
@@ -58,6 +58,7 @@ class SearchConfig:
     cache: bool = True
     equivalence: bool = True
     screening: bool = True
+    unique_members: bool = True  # a genome already in the population does not enter again
     reuse: list = field(default_factory=list)
     # run control: may change on --resume
     max_evaluations: int | None = None
@@ -92,7 +93,8 @@ class Search:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.progress_enabled = progress
-        self.ga = GeneticSearch(cfg.population, Thresholds(cfg.thresholds, cfg.threshold_steps), cfg.seed)
+        self.ga = GeneticSearch(cfg.population, Thresholds(cfg.thresholds, cfg.threshold_steps), cfg.seed,
+                                unique_members=cfg.unique_members)
         self.cache = FitnessCache(cfg.cache, cfg.equivalence, cfg.screening)
         self.results: dict[int, dict] = {}  # seq -> result event, in completion order
         self.proposals: dict[int, dict] = {}

@@ -91,11 +91,15 @@ class Proposal:
 class GeneticSearch:
     """State of one search. See the module docstring for the propose/tell protocol."""
 
-    def __init__(self, population_size: int, thresholds: Thresholds, seed: int):
+    def __init__(self, population_size: int, thresholds: Thresholds, seed: int, unique_members: bool = False):
         if population_size < 2:
             raise ValueError(f"population size must be at least 2 (two parents), got {population_size}")
         self.size = population_size
         self.thresholds = thresholds
+        # Algorithm 1 lets a genome that is already a member enter again (a re-evaluated copy
+        # beats the weakest as easily as the original did), and a small population then fills
+        # with copies of its best member. With unique_members a copy is refused instead.
+        self.unique_members = unique_members
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.next_seq = 0
         self.kept: list[Member] = []  # initialization: random members above T, in arrival order
@@ -172,6 +176,8 @@ class GeneticSearch:
     def _compete(self, m: Member) -> dict:
         # Lines 27-30: beat the weakest strictly, then insert in rank order. Among equal fitness
         # the newcomer goes after the incumbents (older members rank first).
+        if self.unique_members and any(x.genome == m.genome for x in self.population):
+            return {"entered": False, "rank": None}
         if m.fitness > self.population[-1].fitness:
             self.population.pop()
             keys = [-x.fitness for x in self.population]
