@@ -17,16 +17,15 @@ digits); ``Dataset.mean``/``std`` hold those raw-unit constants and travel in th
 from __future__ import annotations
 
 import os
-import pickle
-import tarfile
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
-DIGITS_TEST_SIZE = 360  # 20% of 1797, the last images in load_digits() order
+from refimpl import datasets
+from refimpl.datasets import CIFAR, CIFAR_URL, DIGITS_TEST_SIZE, read_digits  # noqa: F401  (re-exported)
+
 DATASETS = ("digits", "cifar10", "cifar100")
 # Digits fill their 8x8 frame, so a pad-4 crop would cut away half a digit; a one-pixel shift
 # still regularizes a network that otherwise memorizes 1,300 images. No flip: mirrored digits
@@ -43,48 +42,9 @@ _DIGITS_MEAN = (4.884,)
 _DIGITS_STD = (6.017,)
 
 
-@dataclass
-class _Spec:
-    """What is fixed per data set: archive layout, statistics and augmentation."""
-
-    archive: str
-    folder: str
-    train_members: tuple[str, ...]
-    test_member: str
-    meta_member: str
-    label_key: bytes
-    names_key: bytes
-    num_classes: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-
-
-_CIFAR = {
-    "cifar10": _Spec(
-        archive="cifar-10-python.tar.gz",
-        folder="cifar-10-batches-py",
-        train_members=tuple(f"data_batch_{i}" for i in range(1, 6)),
-        test_member="test_batch",
-        meta_member="batches.meta",
-        label_key=b"labels",
-        names_key=b"label_names",
-        num_classes=10,
-        mean=_CIFAR10_MEAN,
-        std=_CIFAR10_STD,
-    ),
-    "cifar100": _Spec(
-        archive="cifar-100-python.tar.gz",
-        folder="cifar-100-python",
-        train_members=("train",),
-        test_member="test",
-        meta_member="meta",
-        label_key=b"fine_labels",
-        names_key=b"fine_label_names",
-        num_classes=100,
-        mean=_CIFAR100_MEAN,
-        std=_CIFAR100_STD,
-    ),
-}
+# Normalization statistics per CIFAR variant (raw pixel units); the archive layouts live with
+# the NumPy reader in refimpl.datasets.
+_CIFAR_STATS = {"cifar10": (_CIFAR10_MEAN, _CIFAR10_STD), "cifar100": (_CIFAR100_MEAN, _CIFAR100_STD)}
 
 
 @dataclass
@@ -173,78 +133,12 @@ class Dataset:
 # Reading the archives
 
 
-def _expected(spec: _Spec) -> str:
-    return (
-        f"expected {spec.archive} or the extracted {spec.folder}/ "
-        f"({', '.join(spec.train_members)}, {spec.test_member}, {spec.meta_member}); "
-        f"get it from {CIFAR_URL}"
-    )
-
-
-def _unpickle(raw: bytes, where: str, spec: _Spec) -> dict:
-    try:
-        obj = pickle.loads(raw, encoding="bytes")
-    except Exception as exc:  # any unpickling failure means the file is not what we expect
-        raise ValueError(f"{where} is not a readable CIFAR pickle ({type(exc).__name__}); {_expected(spec)}") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"{where} does not hold a dict; {_expected(spec)}")
-    return obj
-
-
-def _read_members(name: str, data_dir: str) -> dict[str, bytes]:
-    """Raw bytes of every needed member, from the extracted folder or the .tar.gz archive."""
-    spec = _CIFAR[name]
-    members = (*spec.train_members, spec.test_member, spec.meta_member)
-    folders = [os.path.join(data_dir, spec.folder), data_dir]
-    for folder in folders:
-        if all(os.path.isfile(os.path.join(folder, m)) for m in members):
-            out = {}
-            for m in members:
-                with open(os.path.join(folder, m), "rb") as f:
-                    out[m] = f.read()
-            return out
-    archive = os.path.join(data_dir, spec.archive)
-    if not os.path.isfile(archive):
-        if not os.path.isdir(data_dir):
-            raise FileNotFoundError(f"data directory {data_dir!r} does not exist; {_expected(spec)}")
-        raise FileNotFoundError(f"{name} not found in {data_dir!r}; {_expected(spec)}")
-    out = {}
-    try:
-        with tarfile.open(archive, "r:gz") as tar:
-            for info in tar.getmembers():
-                base = os.path.basename(info.name)
-                if info.isfile() and base in members and os.path.dirname(info.name).endswith(spec.folder):
-                    out[base] = tar.extractfile(info).read()
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise ValueError(f"{archive} is corrupt or not a .tar.gz ({exc}); {_expected(spec)}") from None
-    missing = [m for m in members if m not in out]
-    if missing:
-        raise ValueError(f"{archive} lacks {', '.join(missing)}; {_expected(spec)}")
-    return out
-
-
-def _decode_batch(raw: bytes, where: str, spec: _Spec) -> tuple[np.ndarray, np.ndarray]:
-    d = _unpickle(raw, where, spec)
-    if b"data" not in d or spec.label_key not in d:
-        raise ValueError(f"{where} lacks b'data' or {spec.label_key!r}; {_expected(spec)}")
-    x = np.asarray(d[b"data"])
-    y = np.asarray(d[spec.label_key], dtype=np.int64)
-    if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3 * 32 * 32 or len(y) != len(x):
-        raise ValueError(
-            f"{where}: data has shape {x.shape} and dtype {x.dtype} with {len(y)} labels; "
-            f"expected uint8 (N, 3072) with N labels; {_expected(spec)}"
-        )
-    if len(y) and (y.min() < 0 or y.max() >= spec.num_classes):
-        raise ValueError(f"{where}: labels outside 0..{spec.num_classes - 1}; {_expected(spec)}")
-    return x.reshape(-1, 3, 32, 32), y
-
-
 def _download(name: str, data_dir: str) -> None:
     try:
         import torchvision.datasets as tvd
     except ImportError:
         raise ValueError(
-            f"--download needs torchvision, which is not installed; download {_CIFAR[name].archive} "
+            f"--download needs torchvision, which is not installed; download {CIFAR[name].archive} "
             f"from {CIFAR_URL} into {data_dir!r} instead"
         ) from None
     cls = tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100
@@ -254,34 +148,12 @@ def _download(name: str, data_dir: str) -> None:
 
 def read_cifar(name: str, data_dir: str, download: bool = False):
     """(train_x, train_y, test_x, test_y, class_names) as NumPy arrays, uint8 NCHW images."""
-    spec = _CIFAR[name]
     if download:
         try:
-            return read_cifar(name, data_dir, download=False)
+            return datasets.read_cifar(name, data_dir)
         except FileNotFoundError:
             _download(name, data_dir)
-    raw = _read_members(name, data_dir)
-    parts = [_decode_batch(raw[m], f"{name} member {m}", spec) for m in spec.train_members]
-    train_x = np.concatenate([p[0] for p in parts])
-    train_y = np.concatenate([p[1] for p in parts])
-    test_x, test_y = _decode_batch(raw[spec.test_member], f"{name} member {spec.test_member}", spec)
-    meta = _unpickle(raw[spec.meta_member], f"{name} member {spec.meta_member}", spec)
-    names = meta.get(spec.names_key)
-    if not isinstance(names, list) or len(names) != spec.num_classes:
-        raise ValueError(f"{name} member {spec.meta_member} lacks {spec.num_classes} {spec.names_key!r}; {_expected(spec)}")
-    names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
-    return train_x, train_y, test_x, test_y, names
-
-
-def read_digits():
-    """(train_x, train_y, test_x, test_y, class_names); uint8 (N, 1, 8, 8) with values 0..16."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = d.images.astype(np.uint8).reshape(-1, 1, 8, 8)
-    y = d.target.astype(np.int64)
-    cut = len(y) - DIGITS_TEST_SIZE
-    return x[:cut], y[:cut], x[cut:], y[cut:], [str(i) for i in range(10)]
+    return datasets.read_cifar(name, data_dir)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,8 +183,7 @@ def load_dataset(
     else:
         data_dir = data_dir if data_dir is not None else os.environ.get("BNN_DATA_DIR", "data")
         train_x, train_y, test_x, test_y, names = read_cifar(key, data_dir, download)
-        spec = _CIFAR[key]
-        mean, std, crop_pad, flip = spec.mean, spec.std, 4, True
+        (mean, std), crop_pad, flip = _CIFAR_STATS[key], 4, True
     n = len(train_y)
     if val_size is None:
         val_size = default_val_size(key, n)

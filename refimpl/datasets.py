@@ -1,79 +1,173 @@
-"""Test splits for the CPU engine, read with NumPy only (``bnn/data.py`` needs torch).
+"""The data sets' files, read with NumPy only: the one reader for training and for the engine.
 
-* ``digits_test()``: the same test split as ``bnn.data.read_digits``: the LAST ``DIGITS_TEST_SIZE``
-  images of ``sklearn.datasets.load_digits()`` in the order it returns them (bnn.data's rule; the
-  seeded permutation there only splits train/validation, so the test split does not depend on a
-  seed). ``tests/test_infer.py`` asserts both give identical arrays.
-* ``cifar_test(DIR)``: the test batch of the standard CIFAR-10 or CIFAR-100 Python archive, from
-  the extracted folder or the ``.tar.gz``, as ``bnn.data.read_cifar`` finds it.
+* CIFAR-10 / CIFAR-100 from the standard Python archives (``cifar-10-python.tar.gz``,
+  ``cifar-100-python.tar.gz``) or their extracted folders. ``bnn.data`` reads the whole archive
+  for training; the engine reads only the test batch (``cifar_test``).
+* digits: ``sklearn.datasets.load_digits()``. Its test split is the LAST ``DIGITS_TEST_SIZE``
+  images in the order it returns them (no shuffle), so the engine rebuilds exactly the test set
+  that ``bnn.train`` reports on; the seeded permutation in ``bnn.data`` only splits train from
+  validation.
 
 Images are uint8 NCHW in raw pixel units (0..16 for digits, 0..255 for CIFAR), labels int64.
+Anything malformed raises ``ValueError`` (missing files ``FileNotFoundError``) naming the files
+expected and where to get them.
 """
 from __future__ import annotations
 
 import os
 import pickle
 import tarfile
+from dataclasses import dataclass
 
 import numpy as np
 
-DIGITS_TEST_SIZE = 360  # must equal bnn.data.DIGITS_TEST_SIZE (a test checks it)
+CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
+DIGITS_TEST_SIZE = 360  # 20% of 1797, the last images in load_digits() order
 
-# kind -> (folder, archive, test member, meta member, label key, names key, classes)
-_CIFAR = {
-    "cifar10": ("cifar-10-batches-py", "cifar-10-python.tar.gz", "test_batch", "batches.meta",
-                b"labels", b"label_names", 10),
-    "cifar100": ("cifar-100-python", "cifar-100-python.tar.gz", "test", "meta",
-                 b"fine_labels", b"fine_label_names", 100),
+
+@dataclass(frozen=True)
+class CifarArchive:
+    """Layout of one CIFAR archive."""
+
+    archive: str
+    folder: str
+    train_members: tuple[str, ...]
+    test_member: str
+    meta_member: str
+    label_key: bytes
+    names_key: bytes
+    num_classes: int
+
+    def expected(self) -> str:
+        return (
+            f"expected {self.archive} or the extracted {self.folder}/ "
+            f"({', '.join(self.train_members)}, {self.test_member}, {self.meta_member}); "
+            f"get it from {CIFAR_URL}"
+        )
+
+
+CIFAR = {
+    "cifar10": CifarArchive(
+        archive="cifar-10-python.tar.gz",
+        folder="cifar-10-batches-py",
+        train_members=tuple(f"data_batch_{i}" for i in range(1, 6)),
+        test_member="test_batch",
+        meta_member="batches.meta",
+        label_key=b"labels",
+        names_key=b"label_names",
+        num_classes=10,
+    ),
+    "cifar100": CifarArchive(
+        archive="cifar-100-python.tar.gz",
+        folder="cifar-100-python",
+        train_members=("train",),
+        test_member="test",
+        meta_member="meta",
+        label_key=b"fine_labels",
+        names_key=b"fine_label_names",
+        num_classes=100,
+    ),
 }
 
 
-def digits_test() -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(images uint8 (360, 1, 8, 8), labels int64, class names)."""
+# ---------------------------------------------------------------------------------------------
+# digits
+
+
+def read_digits():
+    """(train_x, train_y, test_x, test_y, class_names); uint8 (N, 1, 8, 8) with values 0..16."""
     from sklearn.datasets import load_digits
 
     d = load_digits()
     x = d.images.astype(np.uint8).reshape(-1, 1, 8, 8)
     y = d.target.astype(np.int64)
     cut = len(y) - DIGITS_TEST_SIZE
-    return x[cut:], y[cut:], [str(i) for i in range(10)]
+    return x[:cut], y[:cut], x[cut:], y[cut:], [str(i) for i in range(10)]
 
 
-def _members(kind: str, data_dir: str) -> dict[str, bytes] | None:
-    folder, archive, test, meta = _CIFAR[kind][:4]
-    for d in (os.path.join(data_dir, folder), data_dir):
-        if os.path.isfile(os.path.join(d, test)) and os.path.isfile(os.path.join(d, meta)):
+def digits_test() -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(images uint8 (360, 1, 8, 8), labels int64, class names)."""
+    _, _, x, y, names = read_digits()
+    return x, y, names
+
+
+# ---------------------------------------------------------------------------------------------
+# CIFAR
+
+
+def _unpickle(raw: bytes, where: str, spec: CifarArchive) -> dict:
+    try:
+        obj = pickle.loads(raw, encoding="bytes")
+    except Exception as exc:  # any unpickling failure means the file is not what we expect
+        raise ValueError(f"{where} is not a readable CIFAR pickle ({type(exc).__name__}); {spec.expected()}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where} does not hold a dict; {spec.expected()}")
+    return obj
+
+
+def _read_members(name: str, data_dir: str, members: tuple[str, ...]) -> dict[str, bytes]:
+    """Raw bytes of ``members``, from the extracted folder or the .tar.gz archive."""
+    spec = CIFAR[name]
+    for folder in (os.path.join(data_dir, spec.folder), data_dir):
+        if all(os.path.isfile(os.path.join(folder, m)) for m in members):
             out = {}
-            for m in (test, meta):
-                with open(os.path.join(d, m), "rb") as f:
+            for m in members:
+                with open(os.path.join(folder, m), "rb") as f:
                     out[m] = f.read()
             return out
-    path = os.path.join(data_dir, archive)
-    if not os.path.isfile(path):
-        return None
+    archive = os.path.join(data_dir, spec.archive)
+    if not os.path.isfile(archive):
+        if not os.path.isdir(data_dir):
+            raise FileNotFoundError(f"data directory {data_dir!r} does not exist; {spec.expected()}")
+        raise FileNotFoundError(f"{name} not found in {data_dir!r}; {spec.expected()}")
     out = {}
     try:
-        with tarfile.open(path, "r:gz") as tar:
+        with tarfile.open(archive, "r:gz") as tar:
             for info in tar.getmembers():
                 base = os.path.basename(info.name)
-                if info.isfile() and base in (test, meta) and os.path.dirname(info.name).endswith(folder):
+                if info.isfile() and base in members and os.path.dirname(info.name).endswith(spec.folder):
                     out[base] = tar.extractfile(info).read()
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise ValueError(f"{path} is corrupt or not a .tar.gz ({exc})") from None
-    missing = [m for m in (test, meta) if m not in out]
+        raise ValueError(f"{archive} is corrupt or not a .tar.gz ({exc}); {spec.expected()}") from None
+    missing = [m for m in members if m not in out]
     if missing:
-        raise ValueError(f"{path} lacks {', '.join(missing)}")
+        raise ValueError(f"{archive} lacks {', '.join(missing)}; {spec.expected()}")
     return out
 
 
-def _unpickle(raw: bytes, where: str) -> dict:
-    try:
-        obj = pickle.loads(raw, encoding="bytes")
-    except Exception as exc:  # any unpickling failure means the file is not a CIFAR pickle
-        raise ValueError(f"{where} is not a readable CIFAR pickle ({type(exc).__name__})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"{where} does not hold a dict")
-    return obj
+def _decode_batch(raw: bytes, where: str, spec: CifarArchive) -> tuple[np.ndarray, np.ndarray]:
+    d = _unpickle(raw, where, spec)
+    if b"data" not in d or spec.label_key not in d:
+        raise ValueError(f"{where} lacks b'data' or {spec.label_key!r}; {spec.expected()}")
+    x = np.asarray(d[b"data"])
+    y = np.asarray(d[spec.label_key], dtype=np.int64)
+    if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3 * 32 * 32 or len(y) != len(x):
+        raise ValueError(
+            f"{where}: data has shape {x.shape} and dtype {x.dtype} with {len(y)} labels; "
+            f"expected uint8 (N, 3072) with N labels; {spec.expected()}"
+        )
+    if len(y) and (y.min() < 0 or y.max() >= spec.num_classes):
+        raise ValueError(f"{where}: labels outside 0..{spec.num_classes - 1}; {spec.expected()}")
+    return x.reshape(-1, 3, 32, 32), y
+
+
+def _class_names(raw: bytes, name: str, spec: CifarArchive) -> list[str]:
+    meta = _unpickle(raw, f"{name} member {spec.meta_member}", spec)
+    names = meta.get(spec.names_key)
+    if not isinstance(names, list) or len(names) != spec.num_classes:
+        raise ValueError(f"{name} member {spec.meta_member} lacks {spec.num_classes} {spec.names_key!r}; {spec.expected()}")
+    return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+
+
+def read_cifar(name: str, data_dir: str):
+    """(train_x, train_y, test_x, test_y, class_names) of ``cifar10`` or ``cifar100``."""
+    spec = CIFAR[name]
+    raw = _read_members(name, data_dir, (*spec.train_members, spec.test_member, spec.meta_member))
+    parts = [_decode_batch(raw[m], f"{name} member {m}", spec) for m in spec.train_members]
+    train_x = np.concatenate([p[0] for p in parts])
+    train_y = np.concatenate([p[1] for p in parts])
+    test_x, test_y = _decode_batch(raw[spec.test_member], f"{name} member {spec.test_member}", spec)
+    return train_x, train_y, test_x, test_y, _class_names(raw[spec.meta_member], name, spec)
 
 
 def cifar_test(data_dir: str, num_classes: int | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -83,27 +177,16 @@ def cifar_test(data_dir: str, num_classes: int | None = None) -> tuple[np.ndarra
     """
     if not os.path.isdir(data_dir):
         raise FileNotFoundError(f"CIFAR directory {data_dir!r} does not exist")
-    kinds = [k for k in _CIFAR if num_classes is None or _CIFAR[k][6] == num_classes]
+    kinds = [k for k, spec in CIFAR.items() if num_classes is None or spec.num_classes == num_classes]
     if not kinds:
         raise ValueError(f"no CIFAR variant has {num_classes} classes (CIFAR-10 or CIFAR-100)")
     for kind in kinds:
-        raw = _members(kind, data_dir)
-        if raw is None:
+        spec = CIFAR[kind]
+        try:
+            raw = _read_members(kind, data_dir, (spec.test_member, spec.meta_member))
+        except FileNotFoundError:
             continue
-        folder, archive, test, meta, label_key, names_key, classes = _CIFAR[kind]
-        d = _unpickle(raw[test], f"{kind} {test}")
-        if b"data" not in d or label_key not in d:
-            raise ValueError(f"{kind} {test} lacks b'data' or {label_key!r}")
-        x = np.asarray(d[b"data"])
-        y = np.asarray(d[label_key], dtype=np.int64)
-        if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072 or len(y) != len(x):
-            raise ValueError(f"{kind} {test}: data is {x.dtype} {x.shape} with {len(y)} labels; expected uint8 (N, 3072)")
-        if len(y) and (y.min() < 0 or y.max() >= classes):
-            raise ValueError(f"{kind} {test}: labels outside 0..{classes - 1}")
-        names = _unpickle(raw[meta], f"{kind} {meta}").get(names_key)
-        if not isinstance(names, list) or len(names) != classes:
-            raise ValueError(f"{kind} {meta} lacks {classes} {names_key!r}")
-        names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
-        return x.reshape(-1, 3, 32, 32), y, names
-    wanted = " or ".join(f"{_CIFAR[k][1]} / {_CIFAR[k][0]}/" for k in kinds)
+        x, y = _decode_batch(raw[spec.test_member], f"{kind} member {spec.test_member}", spec)
+        return x, y, _class_names(raw[spec.meta_member], kind, spec)
+    wanted = " or ".join(f"{CIFAR[k].archive} / {CIFAR[k].folder}/" for k in kinds)
     raise FileNotFoundError(f"no CIFAR test split in {data_dir!r}; expected {wanted}")
