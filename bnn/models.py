@@ -178,3 +178,23 @@ def build_model(name, measure="baseline", num_classes=10, input_shape=(3, 32, 32
 
 def binary_layers(model: nn.Module) -> list[BinaryConv2d]:
     return [m for m in model.modules() if isinstance(m, BinaryConv2d)]
+
+
+def calibrate_batchnorm(model: nn.Module, x, passes: int = 2) -> nn.Module:
+    """Set every BatchNorm's running statistics from the batch ``x`` and return the model in eval.
+
+    A cumulative average (``momentum=None``) over ``passes`` forward passes in train mode: a freshly
+    initialized (or re-binarized) network then has activations of sensible scale, which is what
+    export and the parity checks need without training.
+    """
+    import torch
+
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None
+    model.train()
+    with torch.no_grad():
+        for _ in range(passes):
+            model(x)
+    return model.eval()

@@ -5,21 +5,7 @@ import numpy as np
 import torch
 
 from bnn.layers import BinaryConv2d
-from bnn.models import build_model
-
-
-def with_bn_stats(model: torch.nn.Module, x: torch.Tensor, passes: int = 2) -> torch.nn.Module:
-    """Set every BatchNorm's running statistics from ``x`` (cumulative average, momentum=None),
-    so a freshly initialized network has activations of sensible scale; returns it in eval mode."""
-    for m in model.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.reset_running_stats()
-            m.momentum = None
-    model.train()
-    with torch.no_grad():
-        for _ in range(passes):
-            model(x)
-    return model.eval()
+from bnn.models import build_model, calibrate_batchnorm
 
 
 def fresh_model(arch: str, measure: str, input_shape, x: torch.Tensor, seed: int = 0, random_alpha: bool = False):
@@ -33,7 +19,7 @@ def fresh_model(arch: str, measure: str, input_shape, x: torch.Tensor, seed: int
             for m in model.modules():
                 if isinstance(m, BinaryConv2d):
                     m.alpha.copy_(0.5 + torch.rand(m.alpha.shape, generator=gen) * 2)
-    return with_bn_stats(model, x)
+    return calibrate_batchnorm(model, x)
 
 
 def digits_images() -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,94 @@
+"""Whole models: the torch network and the exported CPU engine predict the same (SPEC section 5).
+
+The oracle ladder's last rung. For drawn input batches, a digits_net per measure (BatchNorm
+statistics set from data, random per-channel alphas where the genome has them) is run in PyTorch
+(eval, float32) and through ``bnn.export`` + ``refimpl.engine``: predictions must be identical,
+logits within 1e-4 of each image's largest logit, and for the baseline every binary layer's
+integer counts identical to ``bnn.counts_conv2d`` on the same binarized activations.
+The CIFAR architectures are checked the same way in ``tests/test_infer.py``.
+"""
+import numpy as np
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from sklearn.datasets import load_digits
+
+from bnn.counts import counts_conv2d
+from bnn.export import export_model
+from bnn.layers import BinaryConv2d, sign
+from bnn.models import build_model, calibrate_batchnorm
+from refimpl import engine
+
+MEASURES = ("baseline", "M1", "M7", "M9")
+_DIGITS = load_digits()
+_IMAGES = torch.from_numpy(_DIGITS.images.astype(np.float32).reshape(-1, 1, 8, 8))
+_MEAN, _STD = float(_IMAGES.mean()), float(_IMAGES.std())
+
+
+def _normalized(idx) -> torch.Tensor:
+    return (_IMAGES[idx] - _MEAN) / _STD
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """measure -> (torch model, engine model), built once per session."""
+    out = {}
+    for name in MEASURES:
+        torch.manual_seed(0)
+        model = build_model("digits_net", name, 10, (1, 8, 8))
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, BinaryConv2d):
+                    # Away from the initial values, so a mis-indexed alpha cannot pass.
+                    m.alpha.copy_(0.5 + 2 * torch.rand(m.alpha.shape, generator=gen))
+        calibrate_batchnorm(model, _normalized(slice(0, 512)))
+        path = tmp_path_factory.mktemp("models") / f"{name}.bnn"
+        export_model(model, str(path))
+        out[name] = (model, engine.load(str(path)))
+    return out
+
+
+@pytest.mark.parametrize("name", MEASURES)
+@settings(max_examples=6)
+@given(data=st.data())
+def test_engine_predicts_what_torch_predicts(exported, name, data):
+    model, cpu = exported[name]
+    idx = data.draw(st.lists(st.integers(0, len(_IMAGES) - 1), min_size=1, max_size=40), label="images")
+    x = _normalized(idx)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    # A measure may be non-finite on some inputs (SPEC 2); those batches say nothing about
+    # agreement. Hypothesis fails the test if it cannot find enough finite ones.
+    assume(np.isfinite(expected).all())
+    got = cpu.run(x.numpy().copy())
+    np.testing.assert_array_equal(got.argmax(1), expected.argmax(1))
+    scale = np.abs(expected).max(axis=1, keepdims=True)
+    assert (np.abs(got - expected) / scale).max() <= 1e-4
+
+
+@settings(max_examples=6)
+@given(data=st.data())
+def test_baseline_layer_counts_are_identical(exported, data):
+    model, cpu = exported["baseline"]
+    idx = data.draw(st.lists(st.integers(0, len(_IMAGES) - 1), min_size=1, max_size=16), label="images")
+    x = _normalized(idx)
+    seen = []
+
+    def hook(layer, inputs, _output):
+        xb = sign(inputs[0])
+        seen.append(counts_conv2d(xb, sign(layer.weight), layer.stride, layer.padding, layer.dilation))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, BinaryConv2d)]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    _, records = cpu.run(x.numpy().copy(), debug=True)
+    assert len(records) == len(seen) > 0
+    for rec, counts in zip(records, seen):
+        for key, t in zip("abcd", counts):
+            np.testing.assert_array_equal(rec[key], t.numpy().astype(np.int64), err_msg=f"{rec['name']} {key}")
