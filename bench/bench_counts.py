@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     print(f"# {cpu_name()}, {os.cpu_count()} cores; {args.threads} threads; batch {args.batch}")
     print(f"# numpy {np.__version__}, numba {numba.__version__}, torch {torch.__version__}")
     peak = popcount_peak(args.threads)
-    print(f"# popcount ceiling (bench/popcount_peak.c): " + (f"{peak:.2f} T binary MACs/s" if peak else "gcc not available"))
+    print("# popcount ceiling (bench/popcount_peak.c): " + (f"{peak:.2f} T binary MACs/s" if peak else "gcc not available"))
     header = (f"{'layer':>14} | {'torch conv2d':>12} | {'kernel':>17} | {'counts packed':>16} | "
               f"{'counts API':>16} | {'API, out=':>16} | {'kernel/peak':>11}")
     print(header)

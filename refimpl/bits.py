@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
 from numba import prange, types
 from numba.extending import intrinsic
 

@@ -26,7 +26,6 @@ torch's CPU kernel computes it (``bnn/export.py`` derives the folding).
 """
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import time

@@ -2,7 +2,6 @@
 and the layers' straight-through estimators vs hand-written ones (SPEC 6)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
