@@ -2,6 +2,7 @@
 the naive four-convolution formulation, at the 3x3 layers of a CIFAR ResNet-18, batch 64.
 
     python bench/bench_counts_torch.py [--repeats 7] [--batch 64] [--layers 256] [--threads 1] [--compile]
+                                       [--device cuda]
 
 Medians over repeats, all variants timed side by side in one process at torch's thread count.
 ``bench/bench_counts.py`` can call ``run()`` and print ``format_table()`` for its own report.
@@ -63,27 +64,35 @@ def _variants(compiled=False):
     return variants
 
 
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _time(fn, x, w, grad, repeats):
     times = []
-    for i in range(repeats + 1):  # the first run warms oneDNN's primitive cache
+    for i in range(repeats + 1):  # the first run warms oneDNN's primitive cache (cuDNN's choice)
         x.grad = w.grad = None
+        _sync(x.device)
         start = time.perf_counter()
         fn(x, w).backward(grad)
+        _sync(x.device)  # CUDA launches are asynchronous: time the work, not the launch
         elapsed = time.perf_counter() - start
         if i:
             times.append(elapsed)
     return statistics.median(times)
 
 
-def run(batch=64, layers=LAYERS, repeats=7, compiled=False):
+def run(batch=64, layers=LAYERS, repeats=7, compiled=False, device="cpu"):
     """Rows of (channels, size, {variant: median seconds fwd+bwd})."""
+    device = torch.device(device)
     rows = []
     variants = _variants(compiled)
     gen = torch.Generator().manual_seed(0)
     for channels, size in layers:
-        x = bnn.sign(torch.randn(batch, channels, size, size, generator=gen)).requires_grad_()
-        w = bnn.sign(torch.randn(channels, channels, 3, 3, generator=gen)).requires_grad_()
-        grad = torch.randn(batch, channels, size, size, generator=gen)
+        x = bnn.sign(torch.randn(batch, channels, size, size, generator=gen)).to(device).requires_grad_()
+        w = bnn.sign(torch.randn(channels, channels, 3, 3, generator=gen)).to(device).requires_grad_()
+        grad = torch.randn(batch, channels, size, size, generator=gen).to(device)
         # Interleave the variants so machine load affects them alike.
         samples = {name: [] for name in variants}
         for _ in range(repeats):
@@ -93,10 +102,16 @@ def run(batch=64, layers=LAYERS, repeats=7, compiled=False):
     return rows
 
 
-def format_table(rows, batch=64) -> str:
+def _device_name(device) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}), torch {torch.__version__}"
+    return f"{_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def format_table(rows, batch=64, device="cpu") -> str:
     lines = [
-        f"torch count path, forward+backward, batch {batch}, 3x3, padding 1; "
-        f"{_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads",
+        f"torch count path, forward+backward, batch {batch}, 3x3, padding 1; {_device_name(device)}",
         f"{'layer':>12} {'conv2d ms':>10} {'counts ms':>10} {'4-conv ms':>10} {'counts/conv':>12} {'4-conv/counts':>14}",
     ]
     if "compiled counts" in rows[0][2]:
@@ -120,11 +135,15 @@ def main(argv=None):
     parser.add_argument("--layers", type=int, nargs="*", help="channel counts to run (default: all four)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument("--compile", action="store_true", help="also time the count path under torch.compile")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.exit(2, f"bench_counts_torch: --device {args.device}: torch sees no CUDA device here\n")
     if args.threads:
         torch.set_num_threads(args.threads)
     layers = [layer for layer in LAYERS if not args.layers or layer[0] in args.layers]
-    print(format_table(run(args.batch, layers, args.repeats, args.compile), args.batch))
+    rows = run(args.batch, layers, args.repeats, args.compile, args.device)
+    print(format_table(rows, args.batch, args.device))
 
 
 if __name__ == "__main__":
