@@ -513,18 +513,24 @@ class _ConvCounts:
         # The epilogue's float32 forms (exact: integers below 2**24).
         self.pw_f = self.pw.astype(np.float32)
         self.npw_f = (self.n[None, :] - self.pw).astype(np.float32)
-        self.px = np.empty((n_img, out_h * out_w), dtype=np.float32)
         self.off = (buf_pad[0] - conv.padding[0], buf_pad[1] - conv.padding[1])
 
-    def __call__(self, bits):
+    def window_popcounts(self, bits, px):
+        """px (N, Ho*Wo) float32: the input's window sums, for all images of ``bits`` at once.
+
+        One call per batch, not per group: a group is often one image, and one image is one
+        task, which ran on one thread (measured: 0.77 ms of a 7.3 ms layer at batch 64).
+        """
         c = self.conv
         _call(_window_popcounts, bits.shape[0],
-              bits, *c.kernel, *c.stride, *c.dilation, *self.off, self.out_h, self.out_w, self.px)
-        return self.gemm(bits), self.px
+              bits, *c.kernel, *c.stride, *c.dilation, *self.off, self.out_h, self.out_w, px)
 
-    def counts(self, a):
+    def __call__(self, bits):
+        return self.gemm(bits)
+
+    def counts(self, a, px):
         """a, b, c, d (N, O, Ho, Wo) int64 from the identities, for debug mode."""
-        px, pw, n = self.px.astype(np.int64)[:, None, :], self.pw[None], self.n[None, None]
+        px, pw, n = px.astype(np.int64)[:, None, :], self.pw[None], self.n[None, None]
         shape = (a.shape[0], a.shape[1], self.out_h, self.out_w)
         return tuple(v.reshape(shape) for v in (a.copy(), pw - a, px - a, n - px - pw + a))
 
@@ -650,6 +656,8 @@ class _UnitStep(_Step):
             self.counts[g] = (m, d)
         self.out_chw = (conv.out_channels, oh, ow)
         self.out = np.empty((n_img, conv.out_channels, oh * ow), dtype=np.float32)
+        self.px = np.empty((n_img, oh * ow), dtype=np.float32)
+        self.px2 = np.empty((n_img, oh * ow), dtype=np.float32) if down is not None else None
         self.pack = nxt_pad is not None
         self.pad = nxt_pad or (0, 0)
         self.bits_out = _bits_buffer(n_img, conv.out_channels, oh, ow, nxt_pad) if self.pack else None
@@ -660,11 +668,15 @@ class _UnitStep(_Step):
         n_img = x.shape[0]
         res = x.reshape(self.out.shape) if L["residual"] == "identity" else None
         debug = [] if record is not None else None
+        main, down = self.counts[self.group]
+        main.window_popcounts(self.bits_in, self.px)
+        if down is not None:
+            down.window_popcounts(self.bits_in, self.px2)
         for g0 in range(0, n_img, self.group):
             g1 = min(n_img, g0 + self.group)
             main, down = self.counts[g1 - g0]
             bits_in = self.bits_in[g0:g1]  # contiguous: a slice of whole images
-            a, px = main(bits_in)
+            a, px = main(bits_in), self.px[g0:g1]
             bits = self.bits_out[g0:g1] if self.pack else self._dummy_bits
             tail = (self.out[g0:g1], bits, self.pack, main.out_w, self.pad[0], self.pad[1])
             head = (a, px, main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift)
@@ -676,11 +688,11 @@ class _UnitStep(_Step):
                 _call(self.ep.epilogue_identity, tasks, *head, res[g0:g1], *tail)
             else:
                 d = L["down"]
-                a2, px2 = down(bits_in)
+                a2, px2 = down(bits_in), self.px2[g0:g1]
                 _call(self.ep.epilogue_down, tasks,
                       *head, a2, px2, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, *tail)
             if debug is not None:
-                debug.append((main.counts(a), down.counts(a2) if a2 is not None else None))
+                debug.append((main.counts(a, px), down.counts(a2, px2) if a2 is not None else None))
         y = self.out.reshape(n_img, *self.out_chw)
         if record is not None:
             joined = [np.concatenate([grp[0][k] for grp in debug]) for k in range(4)]
