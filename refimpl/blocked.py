@@ -15,8 +15,12 @@ Shape of the computation (what made Numba reach the popcount peak, PERFORMANCE.m
   pixel reads every tap without bounds checks. A tile is P neighbouring output pixels in NCHW
   order; its input words (an im2col of P pixels, a few KB) are gathered once into a per-thread
   buffer and reused by every panel of output channels.
-* The block is stored channel by channel, so ``a`` is written in contiguous runs of P
-  positions; ``counts.py`` derives b, c and d from it.
+* Two store layouts. ``nchw`` (the counts API): ``a`` is (N, O, Ho*Wo) int64, stored channel
+  by channel in contiguous runs of P positions; ``counts.py`` derives b, c and d from it.
+  ``nhwc`` (the inference engine): ``a`` is (N, Ho*Wo, O) int32, and each pixel's Q channels
+  are one vector register already, so a full tile is P plain vector stores, no transposes; the
+  engine's epilogue then runs along contiguous channels, which keeps it vectorized on the 4x4
+  and 8x8 layers where a pixel row is too short to.
 """
 from __future__ import annotations
 
@@ -29,13 +33,22 @@ TILE_SHAPES = ((16, 8),)
 TILE_PIXELS, TILE_CHANNELS = TILE_SHAPES[0]
 
 
-def tile_kernel_source(pixels: int, channels: int) -> list[str]:
-    """Source lines of the Numba tile kernel ``tiles_PxQ`` (called by ``conv_counts``)."""
+LAYOUTS = ("nchw", "nhwc")
+
+
+def kernel_name(pixels: int, channels: int, layout: str) -> str:
+    return f"tiles_{pixels}x{channels}" + ("" if layout == "nchw" else f"_{layout}")
+
+
+def tile_kernel_source(pixels: int, channels: int, layout: str = "nchw") -> list[str]:
+    """Source lines of the Numba tile kernel ``kernel_name(P, Q, layout)`` (``ConvPlan`` calls it)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     P, Q = pixels, channels
     i1, i2, i3, i4 = (" " * (4 * k) for k in range(1, 5))
     lines = [
         "@jit(parallel=True)",
-        f"def tiles_{P}x{Q}(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):",
+        f"def {kernel_name(P, Q, layout)}(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):",
         f"{i1}n_taps = taps_off.shape[0]",
         f"{i1}n_pixels = a.shape[0] // n_out",
         f"{i1}n_panels = (n_out + {Q - 1}) // {Q}",
@@ -73,6 +86,22 @@ def tile_kernel_source(pixels: int, channels: int) -> list[str]:
     for p in range(P):
         lines.append(f"{i4}x_{p} = xt[xk + np.uint64({p})]")
         lines += [f"{i4}acc_{p}_{j} += popcount(x_{p} & w_{j})" for j in range(Q)]
+    if layout == "nhwc":
+        # Store, pixel-major: a pixel's Q accumulators are one vector register (the SLP pack
+        # above), stored as Q consecutive int32. The tile's P pixels are consecutive rows of
+        # ``a`` (N*Ho*Wo, O) unless it runs past the last pixel; padding channels are dropped.
+        lines += [f"{i3}if first + {P} <= n_pixels and panel * {Q} + {Q} <= n_out:"]
+        for p in range(P):
+            lines.append(f"{i4}row = np.uint64((first + {p}) * n_out + panel * {Q})")
+            lines += [f"{i4}a[row + np.uint64({j})] = np.int32(acc_{p}_{j})" for j in range(Q)]
+        lines.append(f"{i3}else:")
+        lines += [f"{i4}block[{j}, {p}] = acc_{p}_{j}" for j in range(Q) for p in range(P)]
+        lines += [
+            f"{i4}for p in range(min({P}, n_pixels - first)):",
+            f"{i4}    for j in range(min({Q}, n_out - panel * {Q})):",
+            f"{i4}        a[(first + p) * n_out + panel * {Q} + j] = np.int32(block[j, p])",
+        ]
+        return lines
     # Store. A full tile (P positions of one image, Q real channels) writes each accumulator
     # straight into ``a``: P consecutive positions per channel, which SLP turns into vector
     # stores. Tiles at the edges go through the small per-thread block.
@@ -150,7 +179,11 @@ class ConvPlan:
     by the difference.
     """
 
-    def __init__(self, wp, n_img, h, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1), buffer_padding=None):
+    def __init__(self, wp, n_img, h, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1), buffer_padding=None,
+                 layout="nchw"):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        self.layout = layout
         wp = np.ascontiguousarray(wp, dtype=np.uint64)
         self.n_out, kh, kw, self.k_words = wp.shape
         self.n_img, self.h, self.w = n_img, h, w
@@ -176,7 +209,8 @@ class ConvPlan:
         return pad_input(xp, self.buffer_padding)
 
     def __call__(self, xflat: np.ndarray, a: np.ndarray, threads: int | None = None) -> np.ndarray:
-        """Fill ``a`` (N, O, Ho*Wo), C-contiguous int64, from the flat padded input buffer.
+        """Fill ``a`` from the flat padded input buffer: C-contiguous, (N, O, Ho*Wo) int64 for the
+        ``nchw`` layout, (N, Ho*Wo, O) int32 for ``nhwc``.
 
         ``threads``: the caller's Numba thread count, if it knows it (asking Numba takes a lock).
         """
@@ -188,7 +222,7 @@ class ConvPlan:
         threads = numba.get_num_threads() if threads is None else threads
         groups = min(self.n_panels, max(1, -(-4 * threads // self.n_tiles)))
         group_panels = -(-self.n_panels // groups)
-        kernel = getattr(_tiles, f"tiles_{TILE_PIXELS}x{TILE_CHANNELS}")
+        kernel = getattr(_tiles, kernel_name(TILE_PIXELS, TILE_CHANNELS, self.layout))
         kernel(
             xflat, self.panels, self.k_words, self.taps_off, self.bases, self.n_out,
             self.out_h * self.out_w, group_panels, self.xscratch, self.bscratch, a.reshape(-1),

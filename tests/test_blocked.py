@@ -25,14 +25,22 @@ def _simple_a(xp, wp, stride, padding, dilation):
         (17, 3, 4, 20, 3, (1, 1), (1, 1), (1, 1)),  # tiles that straddle images
     ],
 )
-def test_plan_matches_the_simple_kernel(n_img, channels, size, out_ch, kernel, stride, padding, buffer_padding):
+@pytest.mark.parametrize("layout", blocked.LAYOUTS)
+def test_plan_matches_the_simple_kernel(n_img, channels, size, out_ch, kernel, stride, padding, buffer_padding, layout):
     rng = np.random.default_rng(n_img * 1000 + channels)
     x = rng.choice([-1.0, 1.0], size=(n_img, channels, size, size)).astype(np.float32)
     w = rng.choice([-1.0, 1.0], size=(out_ch, channels, kernel, kernel)).astype(np.float32)
     xp, wp = pack_nchw(x), pack_nchw(w)
-    plan = blocked.ConvPlan(wp, n_img, size, size, stride, padding, (1, 1), buffer_padding=buffer_padding)
-    a = np.full((n_img, out_ch, plan.out_h * plan.out_w), -1, dtype=np.int64)
-    plan(plan.pad(xp), a)
+    plan = blocked.ConvPlan(wp, n_img, size, size, stride, padding, (1, 1), buffer_padding=buffer_padding,
+                            layout=layout)
+    positions = plan.out_h * plan.out_w
+    if layout == "nchw":
+        a = np.full((n_img, out_ch, positions), -1, dtype=np.int64)
+        plan(plan.pad(xp), a)
+    else:  # (N, Ho*Wo, O) int32, compared in NCHW order
+        a_nhwc = np.full((n_img, positions, out_ch), -1, dtype=np.int32)
+        plan(plan.pad(xp), a_nhwc)
+        a = a_nhwc.transpose(0, 2, 1).astype(np.int64)
     np.testing.assert_array_equal(a, _simple_a(xp, wp, stride, padding, (1, 1)))
 
 
