@@ -14,7 +14,13 @@ Execution follows the file's layer list:
   for the next binary unit.
 * ``maxpool2d`` / ``avgpool2d`` / ``global_avgpool`` / ``linear``: NumPy, float32.
 
-Everything is float32 (counts are int64 until they enter the measure, exact in float32 below
+Activations are channels last, (N, H, W, C), from the stem on: the GEMM stores each pixel's
+channels as one vector, and the epilogue, the sign packing and the residual all run along
+contiguous channels, which stays vectorized on the 4x4 and 8x8 layers where a row of pixels is
+too short (measured at batch 1: the epilogue of a 256-channel 8x8 layer went from 21 to 6 us).
+``run`` still takes NCHW input, and debug records are NCHW, as torch has them.
+
+Everything is float32 (counts are int32 until they enter the measure, exact in float32 below
 2**24). Per input shape the engine keeps a plan: buffers, GEMM indexing and window sums, so a
 batch-1 call does no allocation beyond the outputs it returns. A ``Model`` is therefore not
 safe to run from two threads at once; Numba parallelizes inside each call instead
@@ -389,36 +395,33 @@ def _popcounts(words: np.ndarray) -> np.ndarray:
 
 
 def _affine_fma(y, scale, shift):
-    # y (N, C, P) float32, in place: fma(y, scale[c], shift[c]).
-    n_img, channels, positions = y.shape
-    for r in prange(n_img * channels):
-        i = r // channels
-        ch = r - i * channels
-        sc, sh = scale[ch], shift[ch]
-        row = y[i, ch]
+    # y (N, P, C) float32 (channels last), in place: fma(y, scale[c], shift[c]).
+    n_img, positions, channels = y.shape
+    for r in prange(n_img * positions):
+        i = r // positions
+        row = y[i, r - i * positions]
         # Unsigned index: no negative-index wraparound, so the loop vectorizes (epilogue.py).
-        for p in range(np.uint64(positions)):
-            row[p] = fma32(row[p], sc, sh)
+        for c in range(np.uint64(channels)):
+            row[c] = fma32(row[c], scale[c], shift[c])
 
 
 def _pack_padded(x, width, pad_h, pad_w, bits):
-    # x (N, C, P) float32 -> bits (N, Hp, Wp, K) (zero borders kept): bit 1 where x >= 0.
-    # As in the epilogue, a task owns one image and one word of 64 channels.
-    n_img, channels, positions = x.shape
+    # x (N, P, C) float32 (channels last) -> bits (N, Hp, Wp, K) (zero borders kept): bit 1
+    # where x >= 0. A pixel's 64 channels are contiguous: one or-reduction per word.
+    n_img, positions, channels = x.shape
     n_k = (channels + 63) // 64
-    for task in prange(n_img * n_k):
-        i = task // n_k
-        word = task - i * n_k
-        acc = np.zeros(positions, dtype=np.uint64)
-        for ch in range(word * 64, min(channels, word * 64 + 64)):
-            shift_bit = np.uint64(ch - word * 64)
-            row = x[i, ch]
-            for p in range(np.uint64(positions)):
-                # Branch-free: a sign is data, a mispredicted branch per element dominated.
-                acc[p] |= np.uint64(row[p] >= 0) << shift_bit
-        for p in range(positions):
-            yy = p // width
-            bits[i, yy + pad_h, p - yy * width + pad_w, word] = acc[p]
+    for r in prange(n_img * positions):
+        i = r // positions
+        p = r - i * positions
+        row = x[i, p]
+        yy = p // width
+        for word in range(n_k):
+            c0 = np.uint64(word * 64)
+            acc = np.uint64(0)
+            # Branch-free: a sign is data, a mispredicted branch per element dominated.
+            for c in range(c0, np.uint64(min(channels, word * 64 + 64))):
+                acc |= np.uint64(row[c] >= 0) << (c - c0)
+            bits[i, yy + pad_h, p - yy * width + pad_w, word] = acc
 
 
 # Elementwise kernels compiled with LLVM's loop vectorizer on (refimpl/epilogue.py says why
@@ -480,13 +483,13 @@ def _call(kernel, tasks, *args):
 
 
 class _Gemm:
-    """``a`` (N, O, Ho*Wo) of one binary convolution over a padded word buffer."""
+    """``a`` (N, Ho*Wo, O) int32, channels last, of one binary convolution over a padded word buffer."""
 
     def __init__(self, conv: Conv, n_img, h, w, buf_pad, out_h, out_w):
         # Prepared once per plan: at batch 1 the preparation costs more than the arithmetic.
         self.plan = blocked.ConvPlan(conv.bits, n_img, h, w, conv.stride, conv.padding, conv.dilation,
-                                     buffer_padding=buf_pad)
-        self.a = np.empty((n_img, conv.out_channels, out_h * out_w), dtype=np.int64)
+                                     buffer_padding=buf_pad, layout="nhwc")
+        self.a = np.empty((n_img, out_h * out_w, conv.out_channels), dtype=np.int32)
 
     def __call__(self, bits: np.ndarray) -> np.ndarray:
         return self.plan(bits.reshape(-1), self.a, threads=_RUN_THREADS[0])
@@ -510,9 +513,9 @@ class _ConvCounts:
         _window_sums(np.ones((1, h, w), dtype=np.int64), kh, kw, *geo, taps)
         self.pw = pw.reshape(conv.out_channels, -1)
         self.n = taps.reshape(-1) * conv.in_channels
-        # The epilogue's float32 forms (exact: integers below 2**24).
-        self.pw_f = self.pw.astype(np.float32)
-        self.npw_f = (self.n[None, :] - self.pw).astype(np.float32)
+        # The epilogue's float32 forms (exact: integers below 2**24), channels last (P, O).
+        self.pw_f = np.ascontiguousarray(self.pw.T, dtype=np.float32)
+        self.npw_f = np.ascontiguousarray((self.n[None, :] - self.pw).T, dtype=np.float32)
         self.off = (buf_pad[0] - conv.padding[0], buf_pad[1] - conv.padding[1])
 
     def window_popcounts(self, bits, px):
@@ -529,21 +532,29 @@ class _ConvCounts:
         return self.gemm(bits)
 
     def counts(self, a, px):
-        """a, b, c, d (N, O, Ho, Wo) int64 from the identities, for debug mode."""
+        """a, b, c, d (N, O, Ho, Wo) int64 (NCHW, as torch has them) from the identities, for debug mode."""
+        a = a.transpose(0, 2, 1).astype(np.int64)
         px, pw, n = px.astype(np.int64)[:, None, :], self.pw[None], self.n[None, None]
         shape = (a.shape[0], a.shape[1], self.out_h, self.out_w)
-        return tuple(v.reshape(shape) for v in (a.copy(), pw - a, px - a, n - px - pw + a))
+        return tuple(v.reshape(shape) for v in (a, pw - a, px - a, n - px - pw + a))
 
 
-# Images per GEMM + epilogue round: the int64 ``a`` of a group (and pw) stays in L2 between the
+# Images per GEMM + epilogue round: the int32 ``a`` of a group (and pw) stays in L2 between the
 # GEMM that writes it and the epilogue that reads it. With the whole batch at once, ``a`` of a
-# 64-channel 32x32 layer at batch 64 is 32 MB, and both passes ran at DRAM speed (measured:
-# the epilogue at 2.7 ns per output instead of 1.4).
+# 64-channel 32x32 layer at batch 64 is 16 MB, and both passes ran at DRAM speed (measured with
+# int64 counts: the epilogue at 2.7 ns per output instead of 1.4).
 GROUP_BYTES = 1 << 19
 
 
 def _group_size(n_img, out_channels, positions):
-    return max(1, min(n_img, GROUP_BYTES // (8 * out_channels * positions)))
+    return max(1, min(n_img, GROUP_BYTES // (4 * out_channels * positions)))
+
+
+def _epilogue_chunk(n_img, positions, channels):
+    """Pixels per task of the epilogue: about four tasks per thread, each of at least 2048
+    outputs (below that the parallel loop's setup shows), never past one image."""
+    per_task = -(-n_img * positions // (4 * _RUN_THREADS[0]))
+    return max(1, min(positions, max(per_task, -(-2048 // channels))))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -611,7 +622,7 @@ class _StemStep(_Step):
         self.bits_out = _bits_buffer(n_img, o, self.out_h, self.out_w, nxt_pad) if nxt_pad else None
         # Buffers reused by every run (fresh ones cost a page fault per 4 KB at batch 64).
         self.cols = np.empty((n_img, c, kh, kw, self.out_h, self.out_w), dtype=np.float32)
-        self.y = np.empty((n_img, o, self.out_h * self.out_w), dtype=np.float32)
+        self.y = np.empty((n_img, self.out_h * self.out_w, o), dtype=np.float32)
 
     def __call__(self, x, record):
         L = self.layer
@@ -625,12 +636,13 @@ class _StemStep(_Step):
                 y0, x0 = ty * dh, tx * dw
                 cols[:, :, ty, tx] = xp[:, :, y0:y0 + sh * (self.out_h - 1) + 1:sh, x0:x0 + sw * (self.out_w - 1) + 1:sw]
         cols = cols.reshape(n_img, c * kh * kw, self.out_h * self.out_w)
-        y = np.matmul(self.wmat.T[None], cols, out=self.y)  # (N, O, P), float32 accumulation
+        # (N, P, O) channels last, float32 accumulation; BLAS reads the transposed columns as is.
+        y = np.matmul(cols.transpose(0, 2, 1), self.wmat, out=self.y)
         # Folded BatchNorm with torch's fused multiply-add (refimpl/_fma.py), in place.
-        _call(_affine_fma, n_img * y.shape[1] // 64, y, L["scale"], L["shift"])
+        _call(_affine_fma, n_img * y.shape[1] // 16, y, L["scale"], L["shift"])
         if self.bits_out is not None:
-            _call(_pack_padded, n_img * n_words(y.shape[1]), y, self.out_w, self.pad[0], self.pad[1], self.bits_out)
-        return y.reshape(n_img, -1, self.out_h, self.out_w)
+            _call(_pack_padded, n_img * y.shape[1] // 16, y, self.out_w, self.pad[0], self.pad[1], self.bits_out)
+        return y.reshape(n_img, self.out_h, self.out_w, -1)
 
 
 class _UnitStep(_Step):
@@ -655,7 +667,7 @@ class _UnitStep(_Step):
                 raise ValueError(f"{layer['name']}: shortcut output {d.out_h}x{d.out_w} != conv output {oh}x{ow}")
             self.counts[g] = (m, d)
         self.out_chw = (conv.out_channels, oh, ow)
-        self.out = np.empty((n_img, conv.out_channels, oh * ow), dtype=np.float32)
+        self.out = np.empty((n_img, oh * ow, conv.out_channels), dtype=np.float32)
         self.px = np.empty((n_img, oh * ow), dtype=np.float32)
         self.px2 = np.empty((n_img, oh * ow), dtype=np.float32) if down is not None else None
         self.pack = nxt_pad is not None
@@ -678,10 +690,11 @@ class _UnitStep(_Step):
             bits_in = self.bits_in[g0:g1]  # contiguous: a slice of whole images
             a, px = main(bits_in), self.px[g0:g1]
             bits = self.bits_out[g0:g1] if self.pack else self._dummy_bits
-            tail = (self.out[g0:g1], bits, self.pack, main.out_w, self.pad[0], self.pad[1])
+            chunk = _epilogue_chunk(g1 - g0, a.shape[1], a.shape[2])
+            tail = (self.out[g0:g1], bits, self.pack, main.out_w, self.pad[0], self.pad[1], chunk)
             head = (a, px, main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift)
             a2 = None
-            tasks = (g1 - g0) * n_words(conv.out_channels) * -(-a.shape[2] // epilogue.PIXEL_CHUNK)
+            tasks = (g1 - g0) * -(-a.shape[1] // chunk)
             if L["residual"] == "none":
                 _call(self.ep.epilogue_none, tasks, *head, *tail)
             elif L["residual"] == "identity":
@@ -693,10 +706,11 @@ class _UnitStep(_Step):
                       *head, a2, px2, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, *tail)
             if debug is not None:
                 debug.append((main.counts(a, px), down.counts(a2, px2) if a2 is not None else None))
-        y = self.out.reshape(n_img, *self.out_chw)
+        oc, oh, ow = self.out_chw
+        y = self.out.reshape(n_img, oh, ow, oc)
         if record is not None:
             joined = [np.concatenate([grp[0][k] for grp in debug]) for k in range(4)]
-            record.append({"name": conv.name, **dict(zip("abcd", joined)), "y": y.copy()})
+            record.append({"name": conv.name, **dict(zip("abcd", joined)), "y": y.transpose(0, 3, 1, 2).copy()})
             if L["down"] is not None:
                 joined = [np.concatenate([grp[1][k] for grp in debug]) for k in range(4)]
                 record.append({"name": L["down"].name, **dict(zip("abcd", joined))})
@@ -729,6 +743,7 @@ class _PoolStep(_Step):
         self.bits_out = _bits_buffer(n_img, c, self.out_h, self.out_w, nxt_pad) if nxt_pad else None
 
     def __call__(self, x, record):
+        # x (N, H, W, C), channels last like every activation of the engine.
         L = self.layer
         (kh, kw), (sh, sw), (ph, pw_) = L["kernel"], L["stride"], L["padding"]
         is_max = L["op"] == "maxpool2d"
@@ -736,13 +751,13 @@ class _PoolStep(_Step):
             # Max-pool pads with -inf (never chosen); avg-pool with zeros (counted in the divisor
             # when count_include_pad, torch's default).
             fill = -np.inf if is_max else 0.0
-            x = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw_, pw_)), constant_values=fill)
+            x = np.pad(x, ((0, 0), (ph, ph), (pw_, pw_), (0, 0)), constant_values=fill)
         oh, ow = self.out_h, self.out_w
         acc = None
         # Taps in (ty, tx) order, as torch's CPU pooling loops accumulate them.
         for ty in range(kh):
             for tx in range(kw):
-                v = x[:, :, ty:ty + sh * (oh - 1) + 1:sh, tx:tx + sw * (ow - 1) + 1:sw]
+                v = x[:, ty:ty + sh * (oh - 1) + 1:sh, tx:tx + sw * (ow - 1) + 1:sw]
                 if acc is None:
                     acc = v.astype(np.float32, copy=True)
                 elif is_max:
@@ -753,16 +768,16 @@ class _PoolStep(_Step):
             if L["count_include_pad"] or not (ph or pw_):
                 acc = acc / np.float32(kh * kw)
             else:
-                hh, ww = x.shape[2] - 2 * ph, x.shape[3] - 2 * pw_
+                hh, ww = x.shape[1] - 2 * ph, x.shape[2] - 2 * pw_
                 ys = np.arange(oh) * sh - ph
                 xs = np.arange(ow) * sw - pw_
                 cy = np.minimum(ys + kh, hh) - np.maximum(ys, 0)
                 cx = np.minimum(xs + kw, ww) - np.maximum(xs, 0)
-                acc = acc / (cy[:, None] * cx[None, :]).astype(np.float32)
+                acc = acc / (cy[:, None] * cx[None, :]).astype(np.float32)[:, :, None]
         acc = np.ascontiguousarray(acc, dtype=np.float32)
         if self.bits_out is not None:
-            n_img, c = acc.shape[:2]
-            _call(_pack_padded, n_img * n_words(c), acc.reshape(n_img, c, -1), ow, self.pad[0], self.pad[1],
+            n_img, c = acc.shape[0], acc.shape[3]
+            _call(_pack_padded, n_img * oh * ow // 16, acc.reshape(n_img, oh * ow, c), ow, self.pad[0], self.pad[1],
                   self.bits_out)
         return acc
 
@@ -771,8 +786,8 @@ class _GlobalPoolStep(_Step):
     label = "global_avgpool"
 
     def __call__(self, x, record):
-        n_img, c = x.shape[:2]
-        return x.reshape(n_img, c, -1).mean(axis=2, dtype=np.float32)
+        n_img, c = x.shape[0], x.shape[-1]
+        return x.reshape(n_img, -1, c).mean(axis=1, dtype=np.float32)
 
 
 class _LinearStep(_Step):

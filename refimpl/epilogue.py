@@ -8,7 +8,7 @@ For one binary unit the engine has ``a`` from the popcount GEMM and the window s
     y = fma(m, scale, shift)  [+ residual]                  (folded BatchNorm as torch computes it,
                                                              bnn/export.py, refimpl/_fma.py)
 
-writes ``y`` (float32, NCHW; the next residual needs the real value) and, when the next layer is
+writes ``y`` (float32, channels last: (N, H*W, C); the next residual needs the real value) and, when the next layer is
 binary, ``sign(y)`` packed straight into that layer's zero-padded (N, Hp, Wp, K) word buffer, so
 no separate binarize pass reads the activation again.
 
@@ -38,10 +38,7 @@ from .genome import Genome
 
 # Raise when the generated text changes meaning, so stale cached files are not reused (the hash
 # of the text is in the file name anyway; this also invalidates Numba's cache entries).
-GENERATOR_VERSION = 6
-# Pixels per task of the epilogue's parallel loop: small enough to split a batch-1 layer over
-# threads, large enough that the per-task word buffer and loop setup are noise.
-PIXEL_CHUNK = 256
+GENERATOR_VERSION = 7
 
 
 def cache_dir() -> str:
@@ -64,8 +61,9 @@ def measure_expression(genome) -> str:
 
 # Explicit signatures: the kernels compile when the module is imported, inside
 # ``_loop_vectorizer()`` (see ``load``), and the engine always passes C-contiguous arrays.
-_COMMON = "i8[:, :, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1]"
-_TAIL = "f4[:, :, ::1], u8[:, :, :, ::1], b1, i8, i8, i8"
+# a (N, P, O) int32; px (N, P); pw, npw (P, O); alpha (4, O); scale, shift (O,)
+_COMMON = "i4[:, :, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1]"
+_TAIL = "f4[:, :, ::1], u8[:, :, :, ::1], b1, i8, i8, i8, i8"
 _SIGNATURES = {
     "none": f"void({_COMMON}, {_TAIL})",
     "identity": f"void({_COMMON}, f4[:, :, ::1], {_TAIL})",
@@ -74,32 +72,36 @@ _SIGNATURES = {
 
 _MODES = {
     # residual mode -> (extra parameters, how y is formed)
-    "none": ("", "fma32(m, sc, sh)"),
-    "identity": (", res", "fma32(m, sc, sh) + resrow[p]"),
-    "down": (", a2, px2, pw2, npw2, alpha2, scale2, shift2", "fma32(m, sc, sh) + fma32(m2, sc2, sh2)"),
+    "none": ("", "fma32(m, scale[o], shift[o])"),
+    "identity": (", res", "fma32(m, scale[o], shift[o]) + resrow[o]"),
+    "down": (", a2, px2, pw2, npw2, alpha2, scale2, shift2",
+             "fma32(m, scale[o], shift[o]) + fma32(m2, scale2[o], shift2[o])"),
 }
 
 
-def _counts(suffix: str, i: str = "i") -> list[str]:
-    # The window sums arrive as float32: px (N, P), pw and npw = n - pw (O, P). Every value and
+def _counts(suffix: str) -> list[str]:
+    # The window sums arrive as float32: px (N, P), pw and npw = n - pw (P, O). Every value and
     # every intermediate below is an integer of magnitude < 2**24, so float32 arithmetic is
-    # exact and gives the same a, b, c, d as the int64 identities (SPEC section 1); it saves
-    # three int64 -> float32 conversions and half the bytes of pw per output.
+    # exact and gives the same a, b, c, d as the int64 identities (SPEC section 1).
     s = suffix
     return [
-        f"A{s} = F(arow{s}[p])",
-        f"pxv{s} = pxrow{s}[p]",
-        f"B{s} = pwrow{s}[p] - A{s}",
+        f"A{s} = F(arow{s}[o])",
+        f"B{s} = pwrow{s}[o] - A{s}",
         f"C{s} = pxv{s} - A{s}",
-        f"D{s} = (npwrow{s}[p] - pxv{s}) + A{s}",
+        f"D{s} = (npwrow{s}[o] - pxv{s}) + A{s}",
     ]
 
 
 def _rows(suffix: str) -> list[str]:
-    # 1-D row views, indexed below with an unsigned p: Numba adds a negative-index wraparound
+    # 1-D row views, indexed below with an unsigned o: Numba adds a negative-index wraparound
     # select to every signed index, which hides the unit stride from LLVM's loop vectorizer.
     s = suffix
-    return [f"arow{s} = a{s}[i, o]", f"pxrow{s} = px{s}[i]", f"pwrow{s} = pw{s}[o]", f"npwrow{s} = npw{s}[o]"]
+    return [f"arow{s} = a{s}[i, p]", f"pxv{s} = px{s}[i, p]", f"pwrow{s} = pw{s}[p]", f"npwrow{s} = npw{s}[p]"]
+
+
+def _alphas(suffix: str) -> list[str]:
+    src = "alpha" + suffix
+    return [f"al{k}{suffix} = {src}[{k}]" for k in range(4)]
 
 
 def generate(genome) -> str:
@@ -123,7 +125,6 @@ def generate(genome) -> str:
         "",
         "F = np.float32",
         f"GENOME = {str(g)!r}",
-        f"CHUNK = {PIXEL_CHUNK}",
         "",
         "",
         "@jit",
@@ -148,63 +149,52 @@ def generate(genome) -> str:
             "",
             "",
             f'@numba.njit("{_SIGNATURES[mode]}", parallel=True, **OPTIONS)',
-            f"def epilogue_{mode}(a, px, pw, npw, alpha, scale, shift{extra}, out, bits, pack, width, pad_h, pad_w):",
-            "    # a (N, O, P) int64; px (N, P), pw (O, P), npw = n - pw (O, P) float32; out (N, O, P);",
-            "    # bits (N, Hp, Wp, K) uint64 with zero borders, written when pack is True.",
-            "    # A task owns one image, one word of 64 channels and one chunk of pixels: it alone",
-            "    # writes those words, so threads never share a word.",
-            "    n_img, n_out, positions = a.shape",
+            f"def epilogue_{mode}(a, px, pw, npw, alpha, scale, shift{extra}, out, bits, pack, width, pad_h, pad_w, chunk):",
+            "    # Channels last: a (N, P, O) int32; px (N, P), pw and npw = n - pw (P, O) float32;",
+            "    # out (N, P, O); bits (N, Hp, Wp, K) uint64 with zero borders, written when pack is True.",
+            "    # A task owns one image and ``chunk`` pixels, all their channels: it alone writes",
+            "    # their words. The channel loop is the vectorized one: contiguous in every array.",
+            "    n_img, positions, n_out = a.shape",
             "    n_words = (n_out + 63) // 64",
-            "    chunks = (positions + CHUNK - 1) // CHUNK",
-            "    for task in prange(n_img * n_words * chunks):",
-            "        i = task // (n_words * chunks)",
-            "        rest = task - i * n_words * chunks",
-            "        word = rest // chunks",
-            "        p0 = (rest - word * chunks) * CHUNK",
-            "        p1 = min(positions, p0 + CHUNK)",
-            "        acc = np.zeros(CHUNK, dtype=np.uint64)",
-            "        for o in range(word * 64, min(n_out, word * 64 + 64)):",
-            "            shift_bit = np.uint64(o - word * 64)",
-            "            al0 = alpha[0, o]",
-            "            al1 = alpha[1, o]",
-            "            al2 = alpha[2, o]",
-            "            al3 = alpha[3, o]",
-            "            sc = scale[o]",
-            "            sh = shift[o]",
+            "    chunks = (positions + chunk - 1) // chunk",
         ]
+        body += [f"    {line}" for line in _alphas("")]
         if mode == "down":
-            body += [
-                "            bl0 = alpha2[0, o]",
-                "            bl1 = alpha2[1, o]",
-                "            bl2 = alpha2[2, o]",
-                "            bl3 = alpha2[3, o]",
-                "            sc2 = scale2[o]",
-                "            sh2 = shift2[o]",
-            ]
+            body += [f"    {line}" for line in _alphas("2")]
+        body += [
+            "    for task in prange(n_img * chunks):",
+            "        i = task // chunks",
+            "        p0 = (task - i * chunks) * chunk",
+            "        for p in range(p0, min(positions, p0 + chunk)):",
+        ]
         body += [f"            {line}" for line in _rows("")]
         if mode == "down":
             body += [f"            {line}" for line in _rows("2")]
         if mode == "identity":
-            body += ["            resrow = res[i, o]"]
+            body += ["            resrow = res[i, p]"]
         body += [
-            "            outrow = out[i, o]",
-            "            for p in range(np.uint64(p0), np.uint64(p1)):",
+            "            outrow = out[i, p]",
+            "            yy = p // width",
+            "            xx = p - yy * width",
+            "            for word in range(n_words):",
+            "                o0 = np.uint64(word * 64)",
+            "                o1 = np.uint64(min(n_out, word * 64 + 64))",
+            "                acc = np.uint64(0)",
+            "                for o in range(o0, o1):",
         ]
-        body += [f"                {line}" for line in _counts("")]
-        body += ["                m = measure(A, B, C, D, al0, al1, al2, al3)"]
+        body += [f"                    {line}" for line in _counts("")]
+        body += ["                    m = measure(A, B, C, D, al0[o], al1[o], al2[o], al3[o])"]
         if mode == "down":
-            body += [f"                {line}" for line in _counts("2")]
-            body += ["                m2 = measure(A2, B2, C2, D2, bl0, bl1, bl2, bl3)"]
+            body += [f"                    {line}" for line in _counts("2")]
+            body += ["                    m2 = measure(A2, B2, C2, D2, al02[o], al12[o], al22[o], al32[o])"]
         body += [
-            f"                y = {form}",
-            "                outrow[p] = y",
-            "                # sign(0) = +1; NaN is not >= 0, so it binarizes to -1 as in torch. Branch-free:",
-            "                # the signs are data, and a mispredicted branch per output cost 10x the rest.",
-            "                acc[p - np.uint64(p0)] |= np.uint64(y >= F(0.0)) << shift_bit",
-            "        if pack:",
-            "            for p in range(p0, p1):",
-            "                yy = p // width",
-            "                bits[i, yy + pad_h, p - yy * width + pad_w, word] = acc[p - p0]",
+            f"                    y = {form}",
+            "                    outrow[o] = y",
+            "                    # sign(0) = +1; NaN is not >= 0, so it binarizes to -1 as in torch.",
+            "                    # Branch-free, an or-reduction that LLVM vectorizes.",
+            "                    acc |= np.uint64(y >= F(0.0)) << (o - o0)",
+            "                if pack:",
+            "                    bits[i, yy + pad_h, xx + pad_w, word] = acc",
         ]
         out += body
     return "\n".join(out) + "\n"

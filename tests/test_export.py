@@ -39,10 +39,11 @@ def test_folded_batchnorm_reproduces_torch_eval_bit_for_bit():
         x = torch.randn(4, 48, 9, 7) * 30
         expected = bn(x).numpy()
     scale, shift = fold_batchnorm(bn)
-    y = np.ascontiguousarray(x.numpy().reshape(4, 48, -1))
+    y = np.ascontiguousarray(x.numpy().reshape(4, 48, -1).transpose(0, 2, 1))  # channels last, as the engine
     engine._affine_fma(y, scale, shift)
     # Bit for bit, not approximately: one ulp across zero would flip the next layer's sign bit.
-    np.testing.assert_array_equal(y.reshape(expected.shape).view(np.uint32), expected.view(np.uint32))
+    got = y.transpose(0, 2, 1).reshape(expected.shape)
+    np.testing.assert_array_equal(np.ascontiguousarray(got).view(np.uint32), expected.view(np.uint32))
 
 
 def test_weights_are_packed_ohwi_with_bit_one_for_nonnegative(tmp_path):
