@@ -188,11 +188,20 @@ def _weighted_sum(terms):
     Identical tensors (the same object, as autograd hands out for x+y) are merged first, so
     the full-size passes are one fewer than the distinct tensors, and none for a single one.
     """
-    merged: dict[int, list] = {}
+    # A list searched with ``is``, not a dict keyed by id(): TorchDynamo (torch 2.11, seen on
+    # CUDA) cannot trace id() of a tensor made inside the graph, and broke torch.compile of the
+    # backward.
+    merged: list[list] = []
     for g, weight in terms:
-        if g is not None:
-            merged.setdefault(id(g), [g, 0.0])[1] += weight
-    parts = [(g, weight) for g, weight in merged.values() if weight != 0.0]
+        if g is None:
+            continue
+        for entry in merged:
+            if entry[0] is g:
+                entry[1] += weight
+                break
+        else:
+            merged.append([g, weight])
+    parts = [(g, weight) for g, weight in merged if weight != 0.0]
     if not parts:
         return None, 0.0
     (first, scale), rest = parts[0], parts[1:]
