@@ -8,8 +8,8 @@ Execution follows the file's layer list:
 * ``stem``: full-precision convolution (per image: im2col + one float32 BLAS matmul, Numba's
   ``np.dot``, so SciPy's BLAS), folded BatchNorm, the sign bits of the first binary unit.
 * ``binary_unit``: the input activation arrives already binarized and packed into this unit's
-  zero-padded word buffer (the previous epilogue wrote it, or ``_pack_padded`` after a stem or
-  a pool); one popcount GEMM per convolution (``a``), window sums ``px`` over the same buffer,
+  zero-padded word buffer (the stem or the previous epilogue wrote it, or ``_pack_padded``
+  after a pool); one popcount GEMM per convolution (``a``), window sums ``px`` over the same buffer,
   ``pw`` and ``n`` precomputed per input shape, then one fused epilogue
   (``refimpl/epilogue.py``): b, c, d, the measure, BatchNorm, the residual, and the sign bits
   for the next binary unit.
@@ -400,15 +400,25 @@ def _popcounts(words: np.ndarray) -> np.ndarray:
     return out
 
 
-def _affine_fma(y, scale, shift):
-    # y (N, P, C) float32 (channels last), in place: fma(y, scale[c], shift[c]).
-    n_img, positions, channels = y.shape
-    for r in prange(n_img * positions):
-        i = r // positions
-        row = y[i, r - i * positions]
-        # Unsigned index: no negative-index wraparound, so the loop vectorizes (epilogue.py).
-        for c in range(np.uint64(channels)):
-            row[c] = fma32(row[c], scale[c], shift[c])
+def _affine_sign_word(row, scale, shift, c0, c1):
+    # Channels c0..c1 (at most 64) of one pixel, in place: fma(row[c], scale[c], shift[c]),
+    # the folded BatchNorm as torch computes it (refimpl/_fma.py); returns their sign word
+    # (bit c - c0 set where the result is >= 0). Unsigned indices: no negative-index
+    # wraparound, so the loop vectorizes (epilogue.py); branch-free, an or-reduction.
+    acc = np.uint64(0)
+    for c in range(np.uint64(c0), np.uint64(c1)):
+        v = fma32(row[c], scale[c], shift[c])
+        row[c] = v
+        acc |= np.uint64(v >= 0) << (c - np.uint64(c0))
+    return acc
+
+
+def _sign_word(row, c0, c1):
+    # The sign word of channels c0..c1 (at most 64) of one pixel, as _affine_sign_word.
+    acc = np.uint64(0)
+    for c in range(np.uint64(c0), np.uint64(c1)):
+        acc |= np.uint64(row[c] >= 0) << (c - np.uint64(c0))
+    return acc
 
 
 def _stem(x, wmat, scale, shift, kh, kw, sh, sw, ph, pw, dh, dw, out_w, cols, y, pack, pad_h, pad_w, bits):
@@ -440,12 +450,7 @@ def _stem(x, wmat, scale, shift, kh, kw, sh, sw, ph, pw, dh, dw, out_w, cols, y,
             yrow = yi[p]
             yy = p // out_w
             for word in range(n_k):
-                c0 = np.uint64(word * 64)
-                acc = np.uint64(0)
-                for o in range(c0, np.uint64(min(n_out, word * 64 + 64))):
-                    v = fma32(yrow[o], scale[o], shift[o])
-                    yrow[o] = v
-                    acc |= np.uint64(v >= 0) << (o - c0)
+                acc = _affine_sign_word(yrow, scale, shift, word * 64, min(n_out, word * 64 + 64))
                 if pack:
                     bits[i, yy + pad_h, p - yy * out_w + pad_w, word] = acc
 
@@ -461,19 +466,15 @@ def _pack_padded(x, width, pad_h, pad_w, bits):
         row = x[i, p]
         yy = p // width
         for word in range(n_k):
-            c0 = np.uint64(word * 64)
-            acc = np.uint64(0)
-            # Branch-free: a sign is data, a mispredicted branch per element dominated.
-            for c in range(c0, np.uint64(min(channels, word * 64 + 64))):
-                acc |= np.uint64(row[c] >= 0) << (c - c0)
-            bits[i, yy + pad_h, p - yy * width + pad_w, word] = acc
+            bits[i, yy + pad_h, p - yy * width + pad_w, word] = _sign_word(row, word * 64, min(channels, word * 64 + 64))
 
 
 # Elementwise kernels compiled with LLVM's loop vectorizer on (refimpl/epilogue.py says why
 # the package default is off and why this is safe); explicit signatures so they compile here,
 # inside the context.
 with epilogue._loop_vectorizer():
-    _affine_fma = numba.njit("void(f4[:, :, ::1], f4[::1], f4[::1])", parallel=True, **_jit.OPTIONS)(_affine_fma)
+    _affine_sign_word = numba.njit("u8(f4[::1], f4[::1], f4[::1], i8, i8)", **_jit.OPTIONS)(_affine_sign_word)
+    _sign_word = numba.njit("u8(f4[::1], i8, i8)", **_jit.OPTIONS)(_sign_word)
     _pack_padded = numba.njit("void(f4[:, :, ::1], i8, i8, i8, u8[:, :, :, ::1])", parallel=True,
                               **_jit.OPTIONS)(_pack_padded)
     _stem = numba.njit("void(f4[:, :, :, ::1], f4[:, ::1], f4[::1], f4[::1], i8, i8, i8, i8, i8, i8, i8, i8, i8, "
@@ -710,7 +711,6 @@ class _UnitStep(_Step):
         self.pack = nxt_pad is not None
         self.pad = nxt_pad or (0, 0)
         self.bits_out = _bits_buffer(n_img, conv.out_channels, oh, ow, nxt_pad) if self.pack else None
-        self._dummy_bits = np.zeros((1, 1, 1, 1), dtype=np.uint64)
 
     def __call__(self, x, record):
         L, conv = self.layer, self.layer["conv"]
@@ -726,7 +726,7 @@ class _UnitStep(_Step):
             main, down = self.counts[g1 - g0]
             bits_in = self.bits_in[g0:g1]  # contiguous: a slice of whole images
             a, px = main(bits_in), self.px[g0:g1]
-            bits = self.bits_out[g0:g1] if self.pack else self._dummy_bits
+            bits = self.bits_out[g0:g1] if self.pack else _NO_BITS
             chunk = _epilogue_chunk(g1 - g0, a.shape[1], a.shape[2])
             tail = (self.out[g0:g1], bits, self.pack, main.out_w, self.pad[0], self.pad[1], chunk)
             head = (a, px, main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift)

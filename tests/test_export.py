@@ -40,7 +40,9 @@ def test_folded_batchnorm_reproduces_torch_eval_bit_for_bit():
         expected = bn(x).numpy()
     scale, shift = fold_batchnorm(bn)
     y = np.ascontiguousarray(x.numpy().reshape(4, 48, -1).transpose(0, 2, 1))  # channels last, as the engine
-    engine._affine_fma(y, scale, shift)
+    for row in y.reshape(-1, 48):  # the stem's per-pixel BatchNorm + sign step
+        word = engine._affine_sign_word(row, scale, shift, 0, 48)
+        assert word == sum(1 << c for c in range(48) if row[c] >= 0)
     # Bit for bit, not approximately: one ulp across zero would flip the next layer's sign bit.
     got = y.transpose(0, 2, 1).reshape(expected.shape)
     np.testing.assert_array_equal(np.ascontiguousarray(got).view(np.uint32), expected.view(np.uint32))
