@@ -606,12 +606,12 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
         img0 = first // positions
         pos0 = first - img0 * positions
         full = first + 16 <= n_pixels and pos0 + 16 <= positions
-        for t in range(n_taps):
-            for p in range(16):
+        for p in range(16):
+            for t in range(n_taps):
                 src = bases[first + p] + taps_off[t]
-                dst = t * k_words * 16 + p
+                dst = (p * n_taps + t) * k_words
                 for k in range(k_words):
-                    xt[dst + k * 16] = xflat[src + k]
+                    xt[dst + k] = xflat[src + k]
         for panel in range(group * group_panels, min(n_panels, (group + 1) * group_panels)):
             wo = panel * steps * 8
             acc_0_0 = np.uint64(0)
@@ -743,7 +743,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
             acc_15_6 = np.uint64(0)
             acc_15_7 = np.uint64(0)
             for step in range(steps):
-                xk = np.uint64(step * 16)
+                xk = np.uint64(step)
                 wk = np.uint64(wo + step * 8)
                 w_0 = wflat[wk + np.uint64(0)]
                 w_1 = wflat[wk + np.uint64(1)]
@@ -753,7 +753,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 w_5 = wflat[wk + np.uint64(5)]
                 w_6 = wflat[wk + np.uint64(6)]
                 w_7 = wflat[wk + np.uint64(7)]
-                x_0 = xt[xk + np.uint64(0)]
+                x_0 = xt[xk + np.uint64(0 * steps)]
                 acc_0_0 += popcount(x_0 & w_0)
                 acc_0_1 += popcount(x_0 & w_1)
                 acc_0_2 += popcount(x_0 & w_2)
@@ -762,7 +762,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 acc_0_5 += popcount(x_0 & w_5)
                 acc_0_6 += popcount(x_0 & w_6)
                 acc_0_7 += popcount(x_0 & w_7)
-                x_1 = xt[xk + np.uint64(1)]
+                x_1 = xt[xk + np.uint64(1 * steps)]
                 acc_1_0 += popcount(x_1 & w_0)
                 acc_1_1 += popcount(x_1 & w_1)
                 acc_1_2 += popcount(x_1 & w_2)
@@ -771,7 +771,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 acc_1_5 += popcount(x_1 & w_5)
                 acc_1_6 += popcount(x_1 & w_6)
                 acc_1_7 += popcount(x_1 & w_7)
-                x_2 = xt[xk + np.uint64(2)]
+                x_2 = xt[xk + np.uint64(2 * steps)]
                 acc_2_0 += popcount(x_2 & w_0)
                 acc_2_1 += popcount(x_2 & w_1)
                 acc_2_2 += popcount(x_2 & w_2)
@@ -780,7 +780,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 acc_2_5 += popcount(x_2 & w_5)
                 acc_2_6 += popcount(x_2 & w_6)
                 acc_2_7 += popcount(x_2 & w_7)
-                x_3 = xt[xk + np.uint64(3)]
+                x_3 = xt[xk + np.uint64(3 * steps)]
                 acc_3_0 += popcount(x_3 & w_0)
                 acc_3_1 += popcount(x_3 & w_1)
                 acc_3_2 += popcount(x_3 & w_2)
@@ -789,7 +789,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 acc_3_5 += popcount(x_3 & w_5)
                 acc_3_6 += popcount(x_3 & w_6)
                 acc_3_7 += popcount(x_3 & w_7)
-                x_4 = xt[xk + np.uint64(4)]
+                x_4 = xt[xk + np.uint64(4 * steps)]
                 acc_4_0 += popcount(x_4 & w_0)
                 acc_4_1 += popcount(x_4 & w_1)
                 acc_4_2 += popcount(x_4 & w_2)
@@ -798,7 +798,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 acc_4_5 += popcount(x_4 & w_5)
                 acc_4_6 += popcount(x_4 & w_6)
                 acc_4_7 += popcount(x_4 & w_7)
-                x_5 = xt[xk + np.uint64(5)]
+                x_5 = xt[xk + np.uint64(5 * steps)]
                 acc_5_0 += popcount(x_5 & w_0)
                 acc_5_1 += popcount(x_5 & w_1)
                 acc_5_2 += popcount(x_5 & w_2)
@@ -807,7 +807,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 acc_5_5 += popcount(x_5 & w_5)
                 acc_5_6 += popcount(x_5 & w_6)
                 acc_5_7 += popcount(x_5 & w_7)
-                x_6 = xt[xk + np.uint64(6)]
+                x_6 = xt[xk + np.uint64(6 * steps)]
                 acc_6_0 += popcount(x_6 & w_0)
                 acc_6_1 += popcount(x_6 & w_1)
                 acc_6_2 += popcount(x_6 & w_2)
@@ -816,7 +816,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 acc_6_5 += popcount(x_6 & w_5)
                 acc_6_6 += popcount(x_6 & w_6)
                 acc_6_7 += popcount(x_6 & w_7)
-                x_7 = xt[xk + np.uint64(7)]
+                x_7 = xt[xk + np.uint64(7 * steps)]
                 acc_7_0 += popcount(x_7 & w_0)
                 acc_7_1 += popcount(x_7 & w_1)
                 acc_7_2 += popcount(x_7 & w_2)
@@ -825,7 +825,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 acc_7_5 += popcount(x_7 & w_5)
                 acc_7_6 += popcount(x_7 & w_6)
                 acc_7_7 += popcount(x_7 & w_7)
-                x_8 = xt[xk + np.uint64(8)]
+                x_8 = xt[xk + np.uint64(8 * steps)]
                 acc_8_0 += popcount(x_8 & w_0)
                 acc_8_1 += popcount(x_8 & w_1)
                 acc_8_2 += popcount(x_8 & w_2)
@@ -834,7 +834,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 acc_8_5 += popcount(x_8 & w_5)
                 acc_8_6 += popcount(x_8 & w_6)
                 acc_8_7 += popcount(x_8 & w_7)
-                x_9 = xt[xk + np.uint64(9)]
+                x_9 = xt[xk + np.uint64(9 * steps)]
                 acc_9_0 += popcount(x_9 & w_0)
                 acc_9_1 += popcount(x_9 & w_1)
                 acc_9_2 += popcount(x_9 & w_2)
@@ -843,7 +843,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 acc_9_5 += popcount(x_9 & w_5)
                 acc_9_6 += popcount(x_9 & w_6)
                 acc_9_7 += popcount(x_9 & w_7)
-                x_10 = xt[xk + np.uint64(10)]
+                x_10 = xt[xk + np.uint64(10 * steps)]
                 acc_10_0 += popcount(x_10 & w_0)
                 acc_10_1 += popcount(x_10 & w_1)
                 acc_10_2 += popcount(x_10 & w_2)
@@ -852,7 +852,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 acc_10_5 += popcount(x_10 & w_5)
                 acc_10_6 += popcount(x_10 & w_6)
                 acc_10_7 += popcount(x_10 & w_7)
-                x_11 = xt[xk + np.uint64(11)]
+                x_11 = xt[xk + np.uint64(11 * steps)]
                 acc_11_0 += popcount(x_11 & w_0)
                 acc_11_1 += popcount(x_11 & w_1)
                 acc_11_2 += popcount(x_11 & w_2)
@@ -861,7 +861,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 acc_11_5 += popcount(x_11 & w_5)
                 acc_11_6 += popcount(x_11 & w_6)
                 acc_11_7 += popcount(x_11 & w_7)
-                x_12 = xt[xk + np.uint64(12)]
+                x_12 = xt[xk + np.uint64(12 * steps)]
                 acc_12_0 += popcount(x_12 & w_0)
                 acc_12_1 += popcount(x_12 & w_1)
                 acc_12_2 += popcount(x_12 & w_2)
@@ -870,7 +870,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 acc_12_5 += popcount(x_12 & w_5)
                 acc_12_6 += popcount(x_12 & w_6)
                 acc_12_7 += popcount(x_12 & w_7)
-                x_13 = xt[xk + np.uint64(13)]
+                x_13 = xt[xk + np.uint64(13 * steps)]
                 acc_13_0 += popcount(x_13 & w_0)
                 acc_13_1 += popcount(x_13 & w_1)
                 acc_13_2 += popcount(x_13 & w_2)
@@ -879,7 +879,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 acc_13_5 += popcount(x_13 & w_5)
                 acc_13_6 += popcount(x_13 & w_6)
                 acc_13_7 += popcount(x_13 & w_7)
-                x_14 = xt[xk + np.uint64(14)]
+                x_14 = xt[xk + np.uint64(14 * steps)]
                 acc_14_0 += popcount(x_14 & w_0)
                 acc_14_1 += popcount(x_14 & w_1)
                 acc_14_2 += popcount(x_14 & w_2)
@@ -888,7 +888,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 acc_14_5 += popcount(x_14 & w_5)
                 acc_14_6 += popcount(x_14 & w_6)
                 acc_14_7 += popcount(x_14 & w_7)
-                x_15 = xt[xk + np.uint64(15)]
+                x_15 = xt[xk + np.uint64(15 * steps)]
                 acc_15_0 += popcount(x_15 & w_0)
                 acc_15_1 += popcount(x_15 & w_1)
                 acc_15_2 += popcount(x_15 & w_2)

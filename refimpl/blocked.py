@@ -17,8 +17,9 @@ Shape of the computation (what made Numba reach the popcount peak, PERFORMANCE.m
   buffer and reused by every panel of output channels.
 * Two store layouts. ``nchw`` (the counts API): ``a`` is (N, O, Ho*Wo) int64, stored channel
   by channel in contiguous runs of P positions; ``counts.py`` derives b, c and d from it.
-  ``nhwc`` (the inference engine): ``a`` is (N, Ho*Wo, O) int32, and each pixel's Q channels
-  are one vector register already, so a full tile is P plain vector stores, no transposes; the
+  ``nhwc`` (the inference engine): ``a`` is (N, Ho*Wo, O) int32. Its im2col is pixel-major so
+  that SLP packs the accumulators over channels, not pixels: each pixel's Q channels are then
+  one vector register, and a full tile is P plain vector stores, no transposes; the
   engine's epilogue then runs along contiguous channels, which keeps it vectorized on the 4x4
   and 8x8 layers where a pixel row is too short to.
 """
@@ -64,27 +65,48 @@ def tile_kernel_source(pixels: int, channels: int, layout: str = "nchw") -> list
         f"{i2}img0 = first // positions",
         f"{i2}pos0 = first - img0 * positions",
         f"{i2}full = first + {P} <= n_pixels and pos0 + {P} <= positions",
+    ]
+    if layout == "nchw":
         # im2col of this tile only: xt[(t*K + k)*P + p], reused by every panel.
-        f"{i2}for t in range(n_taps):",
-        f"{i3}for p in range({P}):",
-        f"{i4}src = bases[first + p] + taps_off[t]",
-        f"{i4}dst = t * k_words * {P} + p",
-        f"{i4}for k in range(k_words):",
-        f"{i4}    xt[dst + k * {P}] = xflat[src + k]",
+        lines += [
+            f"{i2}for t in range(n_taps):",
+            f"{i3}for p in range({P}):",
+            f"{i4}src = bases[first + p] + taps_off[t]",
+            f"{i4}dst = t * k_words * {P} + p",
+            f"{i4}for k in range(k_words):",
+            f"{i4}    xt[dst + k * {P}] = xflat[src + k]",
+        ]
+    else:
+        # im2col pixel-major, xt[p*steps + t*K + k]: a step's P input words are then not
+        # adjacent, so SLP cannot pack them into one vector and packs the Q weight words
+        # instead. Each accumulator vector is then one pixel's Q channels, which is the store
+        # layout; packed over pixels (as for nchw) the store was a 16x8 transpose of ~180
+        # shuffles per tile and panel, as much as the popcounts of a 64-channel layer.
+        lines += [
+            f"{i2}for p in range({P}):",
+            f"{i3}for t in range(n_taps):",
+            f"{i4}src = bases[first + p] + taps_off[t]",
+            f"{i4}dst = (p * n_taps + t) * k_words",
+            f"{i4}for k in range(k_words):",
+            f"{i4}    xt[dst + k] = xflat[src + k]",
+        ]
+    lines += [
         f"{i2}for panel in range(group * group_panels, min(n_panels, (group + 1) * group_panels)):",
         f"{i3}wo = panel * steps * {Q}",
     ]
     lines += [f"{i3}acc_{p}_{j} = np.uint64(0)" for p in range(P) for j in range(Q)]
     # (tap, word) pairs are laid out in the same order in xt and in the weight panel, so one
     # flat loop walks both. Unsigned indices: Numba skips its negative-index wraparound for them.
+    pixel_major = layout != "nchw"
     lines += [
         f"{i3}for step in range(steps):",
-        f"{i4}xk = np.uint64(step * {P})",
+        f"{i4}xk = np.uint64(step)" if pixel_major else f"{i4}xk = np.uint64(step * {P})",
         f"{i4}wk = np.uint64(wo + step * {Q})",
     ]
     lines += [f"{i4}w_{j} = wflat[wk + np.uint64({j})]" for j in range(Q)]
     for p in range(P):
-        lines.append(f"{i4}x_{p} = xt[xk + np.uint64({p})]")
+        offset = f"np.uint64({p} * steps)" if pixel_major else f"np.uint64({p})"
+        lines.append(f"{i4}x_{p} = xt[xk + {offset}]")
         lines += [f"{i4}acc_{p}_{j} += popcount(x_{p} & w_{j})" for j in range(Q)]
     if layout == "nhwc":
         # Store, pixel-major: a pixel's Q accumulators are one vector register (the SLP pack

@@ -17,9 +17,9 @@ from refimpl._jit import OPTIONS
 HAS_VPOPCNTDQ = bool(llvm.get_host_cpu_features().get("avx512vpopcntdq"))
 
 
-def _tile_asm() -> str:
+def _tile_asm(layout: str = "nchw") -> str:
     options = {k: v for k, v in OPTIONS.items() if k != "cache"}
-    kernel = numba.njit(parallel=True, **options)(_tiles.tiles_16x8.py_func)
+    kernel = numba.njit(parallel=True, **options)(getattr(_tiles, blocked.kernel_name(16, 8, layout)).py_func)
     rng = np.random.default_rng(0)
     x = rng.choice([-1.0, 1.0], size=(2, 64, 4, 4)).astype(np.float32)
     w = rng.choice([-1.0, 1.0], size=(8, 64, 3, 3)).astype(np.float32)
@@ -27,7 +27,7 @@ def _tile_asm() -> str:
 
     xp, wp = pack_nchw(x), pack_nchw(w)
     k_words = xp.shape[-1]
-    a = np.empty(2 * 8 * 16, dtype=np.int64)
+    a = np.empty(2 * 8 * 16, dtype=np.int64 if layout == "nchw" else np.int32)
     kernel(
         blocked.pad_input(xp, (1, 1)), blocked.weight_panels(wp), k_words,
         blocked.tap_offsets(3, 3, (1, 1), 4, (1, 1), k_words),
@@ -44,6 +44,15 @@ def test_tile_inner_loop_uses_512_bit_vpopcntq():
     # One vpopcntq per 8 output channels of each of the 16 pixels' two 8-lane vectors.
     assert len(re.findall(r"vpopcntq\s+%zmm", asm)) >= 16
     assert not re.findall(r"\bpopcntq\b", asm), "a scalar popcnt is left in the tile kernel"
+
+
+@pytest.mark.skipif(not HAS_VPOPCNTDQ, reason="this CPU has no AVX-512 VPOPCNTDQ: there is no vector popcount to find")
+def test_nhwc_tile_keeps_a_pixels_channels_in_one_vector():
+    asm = _tile_asm("nhwc")
+    assert len(re.findall(r"vpopcntq\s+%zmm", asm)) >= 16
+    # A full tile stores 16 pixels, each one vpmovqd of its 8 channels. When SLP packed the
+    # accumulators over pixels instead, the store became a 16x8 transpose: 64 vpmovqd.
+    assert len(re.findall(r"\bvpmovqd\b", asm)) <= 16
 
 
 def test_popcount_intrinsic_lowers_to_ctpop():
