@@ -34,8 +34,11 @@ OPTIONS = dict(cache=True, error_model="numpy", fastmath=False)
 
 
 def jit(fn=None, **extra):
-    """``numba.njit`` with the project's options; ``jit(parallel=True)`` for drivers."""
+    """``numba.njit`` with the project's options; ``jit(parallel=True)`` for drivers,
+    ``jit("signature")`` to compile eagerly, at import."""
     options = {**OPTIONS, **extra}
     if fn is None:
         return lambda f: numba.njit(**options)(f)
+    if isinstance(fn, str):
+        return lambda f: numba.njit(fn, **options)(f)
     return numba.njit(**options)(fn)

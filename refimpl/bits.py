@@ -32,6 +32,40 @@ def popcount(typingctx, x):
     return types.uint64(types.uint64), codegen
 
 
+@intrinsic
+def sign_word(typingctx, row, start):
+    """The packed word of 64 float32 values ``row[start:start+64]``: bit k is ``row[start+k] >= 0``.
+
+    NaN is not >= 0 (bit 0), -0.0 is (bit 1), as ``sign`` above and torch have it. Written as
+    vector compares whose ``<16 x i1>`` masks are bitcast to integers (``vcmpps`` into a mask
+    register, ``kmovw``): an auto-vectorized loop can only build the word with per-lane shifts
+    and an or-reduction across lanes, which cost more than the rest of the engine's epilogue.
+    The caller guarantees 64 readable values from ``start``.
+    """
+    if not (isinstance(row, types.Array) and row.dtype == types.float32 and row.ndim == 1 and row.layout == "C"):
+        return None
+    if not isinstance(start, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        i64 = ir.IntType(64)
+        vec = ir.VectorType(ir.FloatType(), 16)
+        zero = ir.Constant(vec, [0.0] * 16)
+        base = builder.gep(ary.data, [builder.sext(args[1], i64) if args[1].type.width < 64 else args[1]])
+        word = ir.Constant(i64, 0)
+        for quarter in range(4):
+            ptr = builder.bitcast(builder.gep(base, [ir.Constant(i64, 16 * quarter)]), vec.as_pointer())
+            values = builder.load(ptr, align=4)
+            mask = builder.bitcast(builder.fcmp_ordered(">=", values, zero), ir.IntType(16))
+            word = builder.or_(word, builder.shl(builder.zext(mask, i64), ir.Constant(i64, 16 * quarter)))
+        return word
+
+    return types.uint64(row, start), codegen
+
+
 def n_words(length: int) -> int:
     """Words needed for ``length`` bits."""
     return (length + WORD_BITS - 1) // WORD_BITS

@@ -41,11 +41,105 @@ def kernel_name(pixels: int, channels: int, layout: str) -> str:
     return f"tiles_{pixels}x{channels}" + ("" if layout == "nchw" else f"_{layout}")
 
 
+def tile_function_name(pixels: int, channels: int) -> str:
+    """The serial nhwc tile: one tile of P pixels over a range of panels (the engine's fused
+    epilogue kernels call it, as does the parallel ``kernel_name(P, Q, "nhwc")``)."""
+    return f"tile_{pixels}x{channels}_nhwc"
+
+
+# Explicit, so the tile compiles when ``_tiles`` is imported, with the package's vectorizer
+# settings: the epilogue modules that call it compile with the loop vectorizer on, and would
+# otherwise compile their own copy of the tile under it.
+TILE_FUNCTION_SIGNATURE = (
+    "void(u8[::1], u8[::1], i8, i8[::1], i8[::1], i8, i8, i8, i8, i8, u8[::1], u8[:, ::1], i4[::1], i8)"
+)
+
+
+def _panel_loop(P: int, Q: int, pixel_major: bool, indent: str, panels: str) -> list[str]:
+    """The register-blocked loop over panels, up to (not including) the store."""
+    i3, i4 = indent, indent + "    "
+    lines = [
+        f"{i3[:-4]}for panel in range({panels}):",
+        f"{i3}wo = panel * steps * {Q}",
+    ]
+    lines += [f"{i3}acc_{p}_{j} = np.uint64(0)" for p in range(P) for j in range(Q)]
+    # (tap, word) pairs are laid out in the same order in xt and in the weight panel, so one
+    # flat loop walks both. Unsigned indices: Numba skips its negative-index wraparound for them.
+    lines += [
+        f"{i3}for step in range(steps):",
+        f"{i4}xk = np.uint64(step)" if pixel_major else f"{i4}xk = np.uint64(step * {P})",
+        f"{i4}wk = np.uint64(wo + step * {Q})",
+    ]
+    lines += [f"{i4}w_{j} = wflat[wk + np.uint64({j})]" for j in range(Q)]
+    for p in range(P):
+        offset = f"np.uint64({p} * steps)" if pixel_major else f"np.uint64({p})"
+        lines.append(f"{i4}x_{p} = xt[xk + {offset}]")
+        lines += [f"{i4}acc_{p}_{j} += popcount(x_{p} & w_{j})" for j in range(Q)]
+    return lines
+
+
+def _nhwc_sources(P: int, Q: int) -> list[str]:
+    i1, i2, i3, i4 = (" " * (4 * k) for k in range(1, 5))
+    tile = tile_function_name(P, Q)
+    lines = [
+        f'@jit("{TILE_FUNCTION_SIGNATURE}")',
+        f"def {tile}(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, first, panel0, panel1, xt, block, a, a_first):",
+        f"{i1}# Pixels first .. first+{P - 1} (of n_pixels), panels [panel0, panel1); pixel r's",
+        f"{i1}# channels go to a[(r - a_first) * n_out:], so ``a`` is the whole (N*Ho*Wo, O)",
+        f"{i1}# array (a_first = 0) or a per-thread block of this tile's rows (a_first = first).",
+        f"{i1}n_taps = taps_off.shape[0]",
+        f"{i1}steps = n_taps * k_words",
+        # im2col pixel-major, xt[p*steps + t*K + k]: a step's P input words are then not
+        # adjacent, so SLP cannot pack them into one vector and packs the Q weight words
+        # instead. Each accumulator vector is then one pixel's Q channels, which is the store
+        # layout; packed over pixels (as for nchw) the store was a 16x8 transpose of ~180
+        # shuffles per tile and panel, as much as the popcounts of a 64-channel layer.
+        f"{i1}for p in range({P}):",
+        f"{i2}for t in range(n_taps):",
+        f"{i3}src = bases[first + p] + taps_off[t]",
+        f"{i3}dst = (p * n_taps + t) * k_words",
+        f"{i3}for k in range(k_words):",
+        f"{i3}    xt[dst + k] = xflat[src + k]",
+    ]
+    lines += _panel_loop(P, Q, True, i2, "panel0, panel1")
+    # Store, pixel-major: a pixel's Q accumulators are one vector register (the SLP pack
+    # above), stored as Q consecutive int32. The tile's P pixels are consecutive rows of ``a``
+    # unless it runs past the last pixel; padding channels are dropped.
+    lines += [f"{i2}if first + {P} <= n_pixels and panel * {Q} + {Q} <= n_out:"]
+    for p in range(P):
+        lines.append(f"{i3}row = np.uint64((first - a_first + {p}) * n_out + panel * {Q})")
+        lines += [f"{i3}a[row + np.uint64({j})] = np.int32(acc_{p}_{j})" for j in range(Q)]
+    lines.append(f"{i2}else:")
+    lines += [f"{i3}block[{j}, {p}] = acc_{p}_{j}" for j in range(Q) for p in range(P)]
+    lines += [
+        f"{i3}for p in range(min({P}, n_pixels - first)):",
+        f"{i3}    for j in range(min({Q}, n_out - panel * {Q})):",
+        f"{i3}        a[(first - a_first + p) * n_out + panel * {Q} + j] = np.int32(block[j, p])",
+        "",
+        "",
+        "@jit(parallel=True)",
+        f"def {kernel_name(P, Q, 'nhwc')}(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):",
+        f"{i1}n_pixels = a.shape[0] // n_out",
+        f"{i1}n_panels = (n_out + {Q - 1}) // {Q}",
+        f"{i1}n_groups = (n_panels + group_panels - 1) // group_panels",
+        f"{i1}for item in prange(((n_pixels + {P - 1}) // {P}) * n_groups):",
+        f"{i2}tile = item // n_groups",
+        f"{i2}group = item - tile * n_groups",
+        f"{i2}tid = numba.get_thread_id()",
+        f"{i2}{tile}(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, tile * {P}, group * group_panels,",
+        f"{i2}     min(n_panels, (group + 1) * group_panels), xscratch[tid], bscratch[tid], a, 0)",
+    ]
+    return lines
+
+
 def tile_kernel_source(pixels: int, channels: int, layout: str = "nchw") -> list[str]:
-    """Source lines of the Numba tile kernel ``kernel_name(P, Q, layout)`` (``ConvPlan`` calls it)."""
+    """Source lines of the Numba tile kernel ``kernel_name(P, Q, layout)`` (``ConvPlan`` calls it);
+    for ``nhwc`` also of the serial tile function it calls."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     P, Q = pixels, channels
+    if layout == "nhwc":
+        return _nhwc_sources(P, Q)
     i1, i2, i3, i4 = (" " * (4 * k) for k in range(1, 5))
     lines = [
         "@jit(parallel=True)",
@@ -65,65 +159,15 @@ def tile_kernel_source(pixels: int, channels: int, layout: str = "nchw") -> list
         f"{i2}img0 = first // positions",
         f"{i2}pos0 = first - img0 * positions",
         f"{i2}full = first + {P} <= n_pixels and pos0 + {P} <= positions",
-    ]
-    if layout == "nchw":
         # im2col of this tile only: xt[(t*K + k)*P + p], reused by every panel.
-        lines += [
-            f"{i2}for t in range(n_taps):",
-            f"{i3}for p in range({P}):",
-            f"{i4}src = bases[first + p] + taps_off[t]",
-            f"{i4}dst = t * k_words * {P} + p",
-            f"{i4}for k in range(k_words):",
-            f"{i4}    xt[dst + k * {P}] = xflat[src + k]",
-        ]
-    else:
-        # im2col pixel-major, xt[p*steps + t*K + k]: a step's P input words are then not
-        # adjacent, so SLP cannot pack them into one vector and packs the Q weight words
-        # instead. Each accumulator vector is then one pixel's Q channels, which is the store
-        # layout; packed over pixels (as for nchw) the store was a 16x8 transpose of ~180
-        # shuffles per tile and panel, as much as the popcounts of a 64-channel layer.
-        lines += [
-            f"{i2}for p in range({P}):",
-            f"{i3}for t in range(n_taps):",
-            f"{i4}src = bases[first + p] + taps_off[t]",
-            f"{i4}dst = (p * n_taps + t) * k_words",
-            f"{i4}for k in range(k_words):",
-            f"{i4}    xt[dst + k] = xflat[src + k]",
-        ]
-    lines += [
-        f"{i2}for panel in range(group * group_panels, min(n_panels, (group + 1) * group_panels)):",
-        f"{i3}wo = panel * steps * {Q}",
+        f"{i2}for t in range(n_taps):",
+        f"{i3}for p in range({P}):",
+        f"{i4}src = bases[first + p] + taps_off[t]",
+        f"{i4}dst = t * k_words * {P} + p",
+        f"{i4}for k in range(k_words):",
+        f"{i4}    xt[dst + k * {P}] = xflat[src + k]",
     ]
-    lines += [f"{i3}acc_{p}_{j} = np.uint64(0)" for p in range(P) for j in range(Q)]
-    # (tap, word) pairs are laid out in the same order in xt and in the weight panel, so one
-    # flat loop walks both. Unsigned indices: Numba skips its negative-index wraparound for them.
-    pixel_major = layout != "nchw"
-    lines += [
-        f"{i3}for step in range(steps):",
-        f"{i4}xk = np.uint64(step)" if pixel_major else f"{i4}xk = np.uint64(step * {P})",
-        f"{i4}wk = np.uint64(wo + step * {Q})",
-    ]
-    lines += [f"{i4}w_{j} = wflat[wk + np.uint64({j})]" for j in range(Q)]
-    for p in range(P):
-        offset = f"np.uint64({p} * steps)" if pixel_major else f"np.uint64({p})"
-        lines.append(f"{i4}x_{p} = xt[xk + {offset}]")
-        lines += [f"{i4}acc_{p}_{j} += popcount(x_{p} & w_{j})" for j in range(Q)]
-    if layout == "nhwc":
-        # Store, pixel-major: a pixel's Q accumulators are one vector register (the SLP pack
-        # above), stored as Q consecutive int32. The tile's P pixels are consecutive rows of
-        # ``a`` (N*Ho*Wo, O) unless it runs past the last pixel; padding channels are dropped.
-        lines += [f"{i3}if first + {P} <= n_pixels and panel * {Q} + {Q} <= n_out:"]
-        for p in range(P):
-            lines.append(f"{i4}row = np.uint64((first + {p}) * n_out + panel * {Q})")
-            lines += [f"{i4}a[row + np.uint64({j})] = np.int32(acc_{p}_{j})" for j in range(Q)]
-        lines.append(f"{i3}else:")
-        lines += [f"{i4}block[{j}, {p}] = acc_{p}_{j}" for j in range(Q) for p in range(P)]
-        lines += [
-            f"{i4}for p in range(min({P}, n_pixels - first)):",
-            f"{i4}    for j in range(min({Q}, n_out - panel * {Q})):",
-            f"{i4}        a[(first + p) * n_out + panel * {Q} + j] = np.int32(block[j, p])",
-        ]
-        return lines
+    lines += _panel_loop(P, Q, False, i3, "group * group_panels, min(n_panels, (group + 1) * group_panels)")
     # Store. A full tile (P positions of one image, Q real channels) writes each accumulator
     # straight into ``a``: P consecutive positions per channel, which SLP turns into vector
     # stores. Tiles at the edges go through the small per-thread block.
@@ -218,8 +262,10 @@ class ConvPlan:
         self.panels = weight_panels(wp, Q)
         bh, bw = self.buffer_padding
         shift = ((bh - padding[0]) * (w + 2 * bw) + (bw - padding[1])) * self.k_words
-        self.bases = pixel_bases(n_img, h, w, stride, self.buffer_padding, self.out_h, self.out_w, self.k_words) + shift
-        self.taps_off = tap_offsets(kh, kw, dilation, w, self.buffer_padding, self.k_words)
+        bases = pixel_bases(n_img, h, w, stride, self.buffer_padding, self.out_h, self.out_w, self.k_words) + shift
+        self.bases = np.ascontiguousarray(bases, dtype=np.int64)
+        self.taps_off = np.ascontiguousarray(tap_offsets(kh, kw, dilation, w, self.buffer_padding, self.k_words),
+                                             dtype=np.int64)
         threads = numba.config.NUMBA_NUM_THREADS
         self.xscratch = np.empty((threads, kh * kw * self.k_words * P), dtype=np.uint64)
         self.bscratch = np.empty((threads, Q, P), dtype=np.uint64)

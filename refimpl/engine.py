@@ -12,7 +12,10 @@ Execution follows the file's layer list:
   after a pool); one popcount GEMM per convolution (``a``), window sums ``px`` over the same buffer,
   ``pw`` and ``n`` precomputed per input shape, then one fused epilogue
   (``refimpl/epilogue.py``): b, c, d, the measure, BatchNorm, the residual, and the sign bits
-  for the next binary unit.
+  for the next binary unit. With enough pixels to share out (``FUSED_MIN_TILES_PER_THREAD``),
+  GEMM and epilogue run together, tile by tile, in one parallel loop (``fused_*``): ``a``
+  stays in L1 and ``px`` comes from the tile's own im2col. Otherwise (batch 1 on small maps,
+  and debug runs, which record ``a``) they are two passes, the GEMM split over channels too.
 * ``maxpool2d`` / ``avgpool2d`` / ``global_avgpool`` / ``linear``: NumPy, float32.
 
 Activations are channels last, (N, H, W, C), from the stem on: the GEMM stores each pixel's
@@ -595,6 +598,12 @@ class _ConvCounts:
 GROUP_BYTES = 1 << 19
 
 
+# A unit runs fused (GEMM + epilogue per tile) when it has at least this many tiles of
+# TILE_PIXELS pixels per thread; below that (batch 1 on 8x8 and 4x4 maps) every thread needs a
+# share of the output channels of a tile too, which only the two-pass path splits.
+FUSED_MIN_TILES_PER_THREAD = 8
+
+
 def _group_size(n_img, out_channels, positions):
     return max(1, min(n_img, GROUP_BYTES // (4 * out_channels * positions)))
 
@@ -727,6 +736,19 @@ class _UnitStep(_Step):
             if d is not None and (d.out_h, d.out_w) != (oh, ow):
                 raise ValueError(f"{layer['name']}: shortcut output {d.out_h}x{d.out_w} != conv output {oh}x{ow}")
             self.counts[g] = (m, d)
+        # The fused path (refimpl/epilogue.py ``fused_*``): GEMM and epilogue per tile in one
+        # parallel loop over the whole batch, so ``a`` never leaves L1 and a layer is one
+        # parallel region instead of two per group.
+        if n_img in self.counts:
+            self.whole = self.counts[n_img]
+        else:
+            m = _ConvCounts(conv, n_img, h, w, pad)
+            self.whole = (m, _ConvCounts(down, n_img, h, w, pad) if down is not None else None)
+        self.n_tiles = -(-n_img * oh * ow // blocked.TILE_PIXELS)
+        threads = numba.config.NUMBA_NUM_THREADS
+        self.ascratch = [np.empty((threads, blocked.TILE_PIXELS * conv.out_channels), dtype=np.int32)
+                         for _ in range(2 if down is not None else 1)]
+        self.pxscratch = np.empty((threads, 2 * blocked.TILE_PIXELS), dtype=np.float32)
         self.out_chw = (conv.out_channels, oh, ow)
         self.out = arena.take((n_img, oh * ow, conv.out_channels))
         self.px = np.empty((n_img, oh * ow), dtype=np.float32)
@@ -740,6 +762,10 @@ class _UnitStep(_Step):
         n_img = x.shape[0]
         res = x.reshape(self.out.shape) if L["residual"] == "identity" else None
         debug = [] if record is not None else None
+        if record is None and self.n_tiles >= FUSED_MIN_TILES_PER_THREAD * _RUN_THREADS[0]:
+            self._run_fused(res)
+            oc, oh, ow = self.out_chw
+            return self.out.reshape(n_img, oh, ow, oc)
         main, down = self.counts[self.group]
         main.window_popcounts(self.bits_in, self.px)
         if down is not None:
@@ -777,6 +803,24 @@ class _UnitStep(_Step):
         # ``y`` is this step's buffer, overwritten by the next run; the next layer consumes it
         # before that, and run() returns only the classifier's fresh array.
         return y
+
+    def _run_fused(self, res):
+        L, conv = self.layer, self.layer["conv"]
+        main, down = self.whole
+        mp = main.gemm.plan
+        gemm = (self.bits_in.reshape(-1), mp.panels, mp.k_words, mp.taps_off, mp.bases)
+        epi = (main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift)
+        tail = (self.out, self.bits_out if self.pack else _NO_BITS, self.pack, main.out_w, self.pad[0], self.pad[1])
+        scratch = (mp.xscratch, mp.bscratch, self.ascratch[0])
+        kernel = epilogue.fused_kernel(self.ep, L["residual"])
+        if L["residual"] == "none":
+            kernel(*gemm, *scratch, self.pxscratch, *epi, *tail)
+        elif L["residual"] == "identity":
+            kernel(*gemm, *scratch, self.pxscratch, *epi, res, *tail)
+        else:
+            d, dp = L["down"], down.gemm.plan
+            kernel(*gemm, dp.panels, dp.taps_off, dp.bases, *scratch, self.ascratch[1], self.pxscratch,
+                   *epi, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, *tail)
 
     def convs(self):
         """(Conv, out_h, out_w) of the unit's convolutions, for benchmarks."""

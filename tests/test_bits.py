@@ -60,3 +60,20 @@ def test_unpack_refuses_more_bits_than_the_words_hold():
 def test_pack_refuses_non_numbers():
     with pytest.raises(ValueError, match="dtype"):
         pack_bits(np.array(["a", "b"]))
+
+
+def test_sign_word_equals_pack_bits_of_the_row_including_zeros_nan_and_inf():
+    import numba
+
+    from refimpl.bits import sign_word
+
+    word_at = numba.njit(lambda row, start: sign_word(row, start))
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        row = rng.standard_normal(300).astype(np.float32)
+        for value, count in ((0.0, 20), (-0.0, 20), (np.nan, 10), (-np.nan, 5), (np.inf, 5), (-np.inf, 5)):
+            row[rng.integers(0, 300, count)] = value
+        start = int(rng.integers(0, 300 - 64 + 1))
+        # The project's bit convention (pack_bits): bit k is sign(row[start + k]) = +1, i.e. >= 0.
+        expected = pack_bits(row[start:start + 64] >= 0)[0]
+        assert word_at(row, start) == expected

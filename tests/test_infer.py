@@ -177,6 +177,29 @@ def test_engine_batches_agree_with_one_big_batch(tmp_path):
     np.testing.assert_array_equal(parts, whole)
 
 
+@pytest.mark.parametrize("arch,genome,size", [
+    ("resnet18", "baseline", 32),  # identity and downsampling shortcuts
+    ("resnet18", "M7", 16),
+    ("vgg13", "M3", 32),  # no shortcuts, pools in between
+    ("nin", "M1", 32),
+])
+def test_fused_and_two_pass_layers_agree_bit_for_bit(arch, genome, size, tmp_path, monkeypatch):
+    # The fused path (GEMM and epilogue per tile, sign bits by vector compares) and the
+    # two-pass path (GEMM into ``a``, then the epilogue) must give the same float32 bits: the
+    # engine picks between them by batch size and layer shape.
+    torch.manual_seed(3)
+    x = torch.nn.functional.avg_pool2d(torch.randn(6, 3, size + 8, size + 8), 9, stride=1)[:, :, :size, :size] * 3
+    model = fresh_model(arch, genome, (3, size, size), x[:4], seed=4, random_alpha=True)
+    xs = x.numpy().copy()
+    results = {}
+    for name, min_tiles in (("fused", 0), ("two-pass", 10**9)):
+        monkeypatch.setattr(engine, "FUSED_MIN_TILES_PER_THREAD", min_tiles)
+        m = _export_and_load(model, tmp_path, f"{name}.bnn")
+        results[name] = m.run(xs).copy()
+    np.testing.assert_array_equal(results["fused"], results["two-pass"])
+    assert np.isfinite(results["fused"]).all()
+
+
 # ---------------------------------------------------------------------------------------------
 # The generated epilogue's measure is refimpl.measure(dtype=float32), bit for bit
 
