@@ -30,6 +30,12 @@ its own relative bound there):
    (The box is sampled on its grid: a pole strictly between grid points is not flagged; it
    shows up as a large change between neighbouring grid values, i.e. a wide bound for that
    element.)
+5. Signed zeros: ``max``/``min`` of +0 and -0 have no defined sign in torch (``torch.maximum``
+   returns the first operand in its scalar loop and the second in its vectorized one: on torch
+   2.13 CPU, ``maximum(-0., 0.)`` is -0 for a 1-element tensor and +0 for a 64-element one),
+   so an operand that is zero in both paths with different signs counts as differing
+   operands under rule 4: a later ``y/x`` turns it into infinities of opposite sign.
+   Found by hypothesis: genome 0-16-0-0-8-0-6, ``b+c / max(a, alpha*d)`` with a = d = 0.
 """
 from __future__ import annotations
 
@@ -62,6 +68,12 @@ def specials_match(t, r) -> np.ndarray:
     t_inf, r_inf = np.isinf(t), np.isinf(r)
     same_inf = np.where(t_inf & r_inf, np.sign(np.where(t_inf, t, 0)) == np.sign(np.where(r_inf, r, 0)), True)
     return (t_nan == r_nan) & (t_inf == r_inf) & same_inf
+
+
+def zero_signs_differ(t, r) -> np.ndarray:
+    """Elementwise: both zero, with different signs (rule 5)."""
+    t, r = np.asarray(t), np.asarray(r)
+    return (t == 0) & (r == 0) & (np.signbit(t) != np.signbit(r))
 
 
 def violations(t, r, tol, skip=None) -> np.ndarray:
@@ -199,6 +211,7 @@ def check_genome(codes, a, b, c, d, alpha, dtype) -> list[str]:
 
         t_own = torch_binary(code, tensor(own[lx]), tensor(own[rx])).numpy()
         operands_differ = ~specials_match(own[lx], ref[lx]) | ~specials_match(own[rx], ref[rx])
+        operands_differ |= zero_signs_differ(own[lx], ref[lx]) | zero_signs_differ(own[rx], ref[rx])
         dev, singular = _box_bound(
             code, ref[lx], ref[rx], operand_error(own[lx], ref[lx]), operand_error(own[rx], ref[rx]), dtype
         )
