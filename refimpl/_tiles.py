@@ -596,12 +596,19 @@ def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, firs
     # array (a_first = 0) or a per-thread block of this tile's rows (a_first = first).
     n_taps = taps_off.shape[0]
     steps = n_taps * k_words
-    for p in range(16):
-        for t in range(n_taps):
-            src = bases[first + p] + taps_off[t]
-            dst = (p * n_taps + t) * k_words
-            for k in range(k_words):
-                xt[dst + k] = xflat[src + k]
+    if k_words == 1:
+        for p in range(16):
+            src = np.uint64(bases[first + p])
+            dst = np.uint64(p * n_taps)
+            for t in range(n_taps):
+                xt[dst + np.uint64(t)] = xflat[src + np.uint64(taps_off[t])]
+    else:
+        for p in range(16):
+            for t in range(n_taps):
+                src = bases[first + p] + taps_off[t]
+                dst = (p * n_taps + t) * k_words
+                for k in range(k_words):
+                    xt[dst + k] = xflat[src + k]
     for panel in range(panel0, panel1):
         wo = panel * steps * 8
         acc_0_0 = np.uint64(0)
