@@ -589,26 +589,36 @@ def tiles_16x8(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_p
                         a[(i * n_out + o) * positions + pix - i * positions] = np.int64(block[j, p])
 
 
-@jit("void(u8[::1], u8[::1], i8, i8[::1], i8[::1], i8, i8, i8, i8, i8, u8[::1], u8[:, ::1], i4[::1], i8)")
-def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, first, panel0, panel1, xt, block, a, a_first):
+@jit("void(u8[::1], u8[::1], i8, i8[::1], i8[::1], i8, i8, i8, i8, i8, u8[::1], u8[:, ::1], i4[::1], i8, f4[::1])")
+def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, first, panel0, panel1, xt, block, a, a_first, px):
     # Pixels first .. first+15 (of n_pixels), panels [panel0, panel1); pixel r's
     # channels go to a[(r - a_first) * n_out:], so ``a`` is the whole (N*Ho*Wo, O)
     # array (a_first = 0) or a per-thread block of this tile's rows (a_first = first).
+    # px[p]: popcount of pixel p's window, taken while gathering it (the padded taps
+    # read the zero border: the in-bounds window sum of SPEC section 1).
     n_taps = taps_off.shape[0]
     steps = n_taps * k_words
     if k_words == 1:
         for p in range(16):
             src = np.uint64(bases[first + p])
             dst = np.uint64(p * n_taps)
+            total = 0
             for t in range(n_taps):
-                xt[dst + np.uint64(t)] = xflat[src + np.uint64(taps_off[t])]
+                word = xflat[src + np.uint64(taps_off[t])]
+                xt[dst + np.uint64(t)] = word
+                total += popcount(word)
+            px[p] = np.float32(total)
     else:
         for p in range(16):
+            total = 0
             for t in range(n_taps):
                 src = bases[first + p] + taps_off[t]
                 dst = (p * n_taps + t) * k_words
                 for k in range(k_words):
-                    xt[dst + k] = xflat[src + k]
+                    word = xflat[src + k]
+                    xt[dst + k] = word
+                    total += popcount(word)
+            px[p] = np.float32(total)
     for panel in range(panel0, panel1):
         wo = panel * steps * 8
         acc_0_0 = np.uint64(0)
@@ -1175,6 +1185,7 @@ def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, firs
 
 @jit(parallel=True)
 def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):
+    px = np.empty((xscratch.shape[0], 16), dtype=np.float32)  # the tile's window popcounts, unused here
     n_pixels = a.shape[0] // n_out
     n_panels = (n_out + 7) // 8
     n_groups = (n_panels + group_panels - 1) // group_panels
@@ -1183,4 +1194,4 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
         group = item - tile * n_groups
         tid = numba.get_thread_id()
         tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, tile * 16, group * group_panels,
-             min(n_panels, (group + 1) * group_panels), xscratch[tid], bscratch[tid], a, 0)
+             min(n_panels, (group + 1) * group_panels), xscratch[tid], bscratch[tid], a, 0, px[tid])

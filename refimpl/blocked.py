@@ -51,7 +51,7 @@ def tile_function_name(pixels: int, channels: int) -> str:
 # settings: the epilogue modules that call it compile with the loop vectorizer on, and would
 # otherwise compile their own copy of the tile under it.
 TILE_FUNCTION_SIGNATURE = (
-    "void(u8[::1], u8[::1], i8, i8[::1], i8[::1], i8, i8, i8, i8, i8, u8[::1], u8[:, ::1], i4[::1], i8)"
+    "void(u8[::1], u8[::1], i8, i8[::1], i8[::1], i8, i8, i8, i8, i8, u8[::1], u8[:, ::1], i4[::1], i8, f4[::1])"
 )
 
 
@@ -83,10 +83,12 @@ def _nhwc_sources(P: int, Q: int) -> list[str]:
     tile = tile_function_name(P, Q)
     lines = [
         f'@jit("{TILE_FUNCTION_SIGNATURE}")',
-        f"def {tile}(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, first, panel0, panel1, xt, block, a, a_first):",
+        f"def {tile}(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, first, panel0, panel1, xt, block, a, a_first, px):",
         f"{i1}# Pixels first .. first+{P - 1} (of n_pixels), panels [panel0, panel1); pixel r's",
         f"{i1}# channels go to a[(r - a_first) * n_out:], so ``a`` is the whole (N*Ho*Wo, O)",
         f"{i1}# array (a_first = 0) or a per-thread block of this tile's rows (a_first = first).",
+        f"{i1}# px[p]: popcount of pixel p's window, taken while gathering it (the padded taps",
+        f"{i1}# read the zero border: the in-bounds window sum of SPEC section 1).",
         f"{i1}n_taps = taps_off.shape[0]",
         f"{i1}steps = n_taps * k_words",
         # im2col pixel-major, xt[p*steps + t*K + k]: a step's P input words are then not
@@ -100,15 +102,23 @@ def _nhwc_sources(P: int, Q: int) -> list[str]:
         f"{i2}for p in range({P}):",
         f"{i3}src = np.uint64(bases[first + p])",
         f"{i3}dst = np.uint64(p * n_taps)",
+        f"{i3}total = 0",
         f"{i3}for t in range(n_taps):",
-        f"{i3}    xt[dst + np.uint64(t)] = xflat[src + np.uint64(taps_off[t])]",
+        f"{i3}    word = xflat[src + np.uint64(taps_off[t])]",
+        f"{i3}    xt[dst + np.uint64(t)] = word",
+        f"{i3}    total += popcount(word)",
+        f"{i3}px[p] = np.float32(total)",
         f"{i1}else:",
         f"{i2}for p in range({P}):",
+        f"{i3}total = 0",
         f"{i3}for t in range(n_taps):",
         f"{i3}    src = bases[first + p] + taps_off[t]",
         f"{i3}    dst = (p * n_taps + t) * k_words",
         f"{i3}    for k in range(k_words):",
-        f"{i3}        xt[dst + k] = xflat[src + k]",
+        f"{i3}        word = xflat[src + k]",
+        f"{i3}        xt[dst + k] = word",
+        f"{i3}        total += popcount(word)",
+        f"{i3}px[p] = np.float32(total)",
     ]
     lines += _panel_loop(P, Q, True, i2, "panel0, panel1")
     # Store, pixel-major: a pixel's Q accumulators are one vector register (the SLP pack
@@ -128,6 +138,7 @@ def _nhwc_sources(P: int, Q: int) -> list[str]:
         "",
         "@jit(parallel=True)",
         f"def {kernel_name(P, Q, 'nhwc')}(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):",
+        f"{i1}px = np.empty((xscratch.shape[0], {P}), dtype=np.float32)  # the tile's window popcounts, unused here",
         f"{i1}n_pixels = a.shape[0] // n_out",
         f"{i1}n_panels = (n_out + {Q - 1}) // {Q}",
         f"{i1}n_groups = (n_panels + group_panels - 1) // group_panels",
@@ -136,7 +147,7 @@ def _nhwc_sources(P: int, Q: int) -> list[str]:
         f"{i2}group = item - tile * n_groups",
         f"{i2}tid = numba.get_thread_id()",
         f"{i2}{tile}(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, tile * {P}, group * group_panels,",
-        f"{i2}     min(n_panels, (group + 1) * group_panels), xscratch[tid], bscratch[tid], a, 0)",
+        f"{i2}     min(n_panels, (group + 1) * group_panels), xscratch[tid], bscratch[tid], a, 0, px[tid])",
     ]
     return lines
 

@@ -48,7 +48,7 @@ from numba import prange
 from . import _jit, blocked, epilogue
 from ._fma import fma32
 from ._jit import jit
-from .bits import WORD_BITS, n_words, popcount
+from .bits import WORD_BITS, n_words, popcount, sign_word
 from .counts import _weight_window_sums, _window_sums, conv_output_size
 from .genome import Genome
 
@@ -407,17 +407,18 @@ def _affine_sign_word(row, scale, shift, c0, c1):
     # Channels c0..c1 (at most 64) of one pixel, in place: fma(row[c], scale[c], shift[c]),
     # the folded BatchNorm as torch computes it (refimpl/_fma.py); returns their sign word
     # (bit c - c0 set where the result is >= 0). Unsigned indices: no negative-index
-    # wraparound, so the loop vectorizes (epilogue.py); branch-free, an or-reduction.
-    acc = np.uint64(0)
+    # wraparound, so the loop vectorizes (epilogue.py), 16 lanes wide because the sign bits
+    # are taken afterwards, by _sign_word.
     for c in range(np.uint64(c0), np.uint64(c1)):
-        v = fma32(row[c], scale[c], shift[c])
-        row[c] = v
-        acc |= np.uint64(v >= 0) << (c - np.uint64(c0))
-    return acc
+        row[c] = fma32(row[c], scale[c], shift[c])
+    return _sign_word(row, c0, c1)
 
 
 def _sign_word(row, c0, c1):
-    # The sign word of channels c0..c1 (at most 64) of one pixel, as _affine_sign_word.
+    # The sign word of channels c0..c1 (at most 64) of one pixel: a whole word by vector
+    # compares (bits.sign_word), a partial last word bit by bit.
+    if c1 - c0 == 64:
+        return sign_word(row, c0)
     acc = np.uint64(0)
     for c in range(np.uint64(c0), np.uint64(c1)):
         acc |= np.uint64(row[c] >= 0) << (c - np.uint64(c0))
@@ -476,8 +477,8 @@ def _pack_padded(x, width, pad_h, pad_w, bits):
 # the package default is off and why this is safe); explicit signatures so they compile here,
 # inside the context.
 with epilogue._loop_vectorizer():
-    _affine_sign_word = numba.njit("u8(f4[::1], f4[::1], f4[::1], i8, i8)", **_jit.OPTIONS)(_affine_sign_word)
     _sign_word = numba.njit("u8(f4[::1], i8, i8)", **_jit.OPTIONS)(_sign_word)
+    _affine_sign_word = numba.njit("u8(f4[::1], f4[::1], f4[::1], i8, i8)", **_jit.OPTIONS)(_affine_sign_word)
     _pack_padded = numba.njit("void(f4[:, :, ::1], i8, i8, i8, u8[:, :, :, ::1])", parallel=True,
                               **_jit.OPTIONS)(_pack_padded)
     _stem = numba.njit("void(f4[:, :, :, ::1], f4[:, ::1], f4[::1], f4[::1], i8, i8, i8, i8, i8, i8, i8, i8, i8, "

@@ -178,21 +178,6 @@ def _alphas(suffix: str) -> list[str]:
     return [f"al{k}{suffix} = {src}[{k}]" for k in range(4)]
 
 
-def _tile_px(taps: str, at: str) -> list[str]:
-    # px of the tile's pixels from the im2col the tile function just left in ``xt``: a padded
-    # tap reads a zero word of the buffer's border, so the sum over all taps is the sum over
-    # the in-bounds ones (what counts.py's window sums compute, SPEC section 1).
-    return [
-        f"        steps = {taps}.shape[0] * k_words",
-        "        xt = xscratch[tid]",
-        f"        for q in range({TILE_PIXELS}):",
-        "            total = 0",
-        "            for k in range(q * steps, (q + 1) * steps):",
-        "                total += popcount(xt[k])",
-        f"            pxt[{at} + q] = F(total)",
-    ]
-
-
 def generate(genome) -> str:
     """Source of the epilogue module for ``genome``."""
     g = Genome.parse(genome)
@@ -211,7 +196,7 @@ def generate(genome) -> str:
         "from refimpl._fma import fma32",
         "from refimpl._jit import OPTIONS, jit",
         "from refimpl._numba_ops import nan_max, nan_min",
-        "from refimpl.bits import popcount, sign_word",
+        "from refimpl.bits import sign_word",
         f"from refimpl._tiles import {_TILE}",
         f"# tile kernel source digest {_tiles_digest()}: a changed tile recompiles this module",
         "",
@@ -267,7 +252,7 @@ def generate(genome) -> str:
     for mode, (extra, form) in _MODES.items():
         gemm_args = "xflat, wflat, k_words, taps_off, bases" + (", wflat2, taps_off2, bases2" if mode == "down" else "")
         scratch = "xscratch, bscratch, ascratch" + (", ascratch2" if mode == "down" else "") + ", pxscratch"
-        tile_call = "{tile}(xflat, {w}, k_words, {taps}, {bases}, n_out, n_pixels, first, 0, n_panels, xscratch[tid], bscratch[tid], {a}, first)"
+        tile_call = "{tile}(xflat, {w}, k_words, {taps}, {bases}, n_out, n_pixels, first, 0, n_panels, xscratch[tid], bscratch[tid], {a}, first, {px})"
         body = [
             "",
             "",
@@ -292,13 +277,15 @@ def generate(genome) -> str:
             f"        first = tile * {TILE_PIXELS}",
             "        at = ascratch[tid]",
             "        pxt = pxscratch[tid]",
-            "        " + tile_call.format(tile=_TILE, w="wflat", taps="taps_off", bases="bases", a="at"),
-        ] + _tile_px("taps_off", "0")
+            "        " + tile_call.format(tile=_TILE, w="wflat", taps="taps_off", bases="bases", a="at",
+                                          px=f"pxt[:{TILE_PIXELS}]"),
+        ]
         if mode == "down":
             body += [
                 "        at2 = ascratch2[tid]",
-                "        " + tile_call.format(tile=_TILE, w="wflat2", taps="taps_off2", bases="bases2", a="at2"),
-            ] + _tile_px("taps_off2", str(TILE_PIXELS))
+                "        " + tile_call.format(tile=_TILE, w="wflat2", taps="taps_off2", bases="bases2", a="at2",
+                                              px=f"pxt[{TILE_PIXELS}:]"),
+            ]
         body += [
             f"        for q in range(min({TILE_PIXELS}, n_pixels - first)):",
             "            i = (first + q) // positions",
