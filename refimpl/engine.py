@@ -473,6 +473,25 @@ def _pack_padded(x, width, pad_h, pad_w, bits):
             bits[i, yy + pad_h, p - yy * width + pad_w, word] = _sign_word(row, word * 64, min(channels, word * 64 + 64))
 
 
+def _global_mean(x, out):
+    # x (N, P, C) channels last -> out (N, C): the mean over positions, summed in float32 in
+    # position order, each channel a vector lane (NumPy's mean over the middle axis took
+    # 0.4 ms at batch 64 for 0.5 M values). Like torch's adaptive average pool, not bit for
+    # bit: the logits only need 1e-4 (its summation order is its own).
+    n_img, positions, channels = x.shape
+    scale = np.float32(1.0) / np.float32(positions)
+    for i in prange(n_img):
+        row = out[i]
+        for c in range(np.uint64(channels)):
+            row[c] = np.float32(0.0)
+        for p in range(positions):
+            src = x[i, p]
+            for c in range(np.uint64(channels)):
+                row[c] += src[c]
+        for c in range(np.uint64(channels)):
+            row[c] = row[c] * scale
+
+
 # Elementwise kernels compiled with LLVM's loop vectorizer on (refimpl/epilogue.py says why
 # the package default is off and why this is safe); explicit signatures so they compile here,
 # inside the context.
@@ -481,6 +500,7 @@ with epilogue._loop_vectorizer():
     _affine_sign_word = numba.njit("u8(f4[::1], f4[::1], f4[::1], i8, i8)", **_jit.OPTIONS)(_affine_sign_word)
     _pack_padded = numba.njit("void(f4[:, :, ::1], i8, i8, i8, u8[:, :, :, ::1])", parallel=True,
                               **_jit.OPTIONS)(_pack_padded)
+    _global_mean = numba.njit("void(f4[:, :, ::1], f4[:, ::1])", parallel=True, **_jit.OPTIONS)(_global_mean)
     _stem = numba.njit("void(f4[:, :, :, ::1], f4[:, ::1], f4[::1], f4[::1], i8, i8, i8, i8, i8, i8, i8, i8, i8, "
                        "f4[:, :, ::1], f4[:, :, ::1], b1, i8, i8, u8[:, :, :, ::1])",
                        parallel=True, **_jit.OPTIONS)(_stem)
@@ -892,7 +912,9 @@ class _GlobalPoolStep(_Step):
 
     def __call__(self, x, record):
         n_img, c = x.shape[0], x.shape[-1]
-        return x.reshape(n_img, -1, c).mean(axis=1, dtype=np.float32)
+        out = np.empty((n_img, c), dtype=np.float32)
+        _call(_global_mean, n_img, np.ascontiguousarray(x).reshape(n_img, -1, c), out)
+        return out
 
 
 class _LinearStep(_Step):
