@@ -5,8 +5,8 @@
 
 Execution follows the file's layer list:
 
-* ``stem``: full-precision convolution (per image: im2col + one float32 BLAS matmul, Numba's
-  ``np.dot``, so SciPy's BLAS), folded BatchNorm, the sign bits of the first binary unit.
+* ``stem``: full-precision convolution (per image: im2col + a register-blocked float32 fma
+  tile, ``_tiles.stem_tile_*``), folded BatchNorm, the sign bits of the first binary unit.
 * ``binary_unit``: the input activation arrives already binarized and packed into this unit's
   zero-padded word buffer (the stem or the previous epilogue wrote it, or ``_pack_padded``
   after a pool); one popcount GEMM per convolution (``a``), window sums ``px`` over the same buffer,
@@ -48,7 +48,11 @@ from numba import prange
 from . import _jit, blocked, epilogue
 from ._fma import fma32
 from ._jit import jit
+from ._tiles import stem_tile_8x32 as STEM_TILE
 from .bits import WORD_BITS, n_words, popcount, sign_word
+from .codegen import STEM_TILE as _STEM_SHAPE
+
+STEM_PIXELS, STEM_CHANNELS = _STEM_SHAPE
 from .counts import _weight_window_sums, _window_sums, conv_output_size
 from .genome import Genome
 
@@ -353,19 +357,15 @@ _NO_BITS = np.zeros((1, 1, 1, 1), dtype=np.uint64)
 
 
 def _single_threaded_blas():
-    """A context holding NumPy's BLAS (the stem and classifier matmuls) to one thread.
+    """A context holding NumPy's BLAS (the classifier matmul) to one thread.
 
-    Those matmuls are small; OpenBLAS would wake its own worker threads for them, which then
-    compete with Numba's threads for the same cores (measured: a 30 us stem matmul took 30 ms
-    on a busy 2-core machine). Parallelism is Numba's job here. Without threadpoolctl (a
+    That matmul is small; OpenBLAS would wake its own worker threads for it, which then
+    compete with Numba's threads for the same cores (measured: a 30 us matmul took 30 ms on a
+    busy 2-core machine). Parallelism is Numba's job here. Without threadpoolctl (a
     scikit-learn dependency) this is a no-op.
     """
     if not _BLAS_CONTROLLER:
         try:
-            # The stem's np.dot calls SciPy's OpenBLAS (Numba's BLAS binding): load it first so
-            # that the controller finds it and holds it to one thread too (inside a parallel
-            # region, a multithreaded BLAS would oversubscribe the cores).
-            import scipy.linalg.cython_blas  # noqa: F401
             from threadpoolctl import ThreadpoolController
 
             _BLAS_CONTROLLER.append(ThreadpoolController())
@@ -427,15 +427,23 @@ def _sign_word(row, c0, c1):
 
 def _stem(x, wmat, scale, shift, kh, kw, sh, sw, ph, pw, dh, dw, out_w, cols, y, pack, pad_h, pad_w, bits):
     # The full-precision stem, one image per task, all in one parallel region: im2col of the
-    # image into this thread's cols (C*KH*KW, P), one BLAS sgemm into y[i] (P, O) channels
-    # last, then folded BatchNorm (torch's fma, refimpl/_fma.py) and, when pack is True, the
-    # sign bits for the first binary unit, while y[i] is still in this core's cache.
-    # (From Python threads instead, the matmuls shared the cores with Numba's spinning pool
-    # threads: 7 ms at batch 64, against 3 ms here.)
+    # image into this thread's cols (C*KH*KW, P), then the float32 tile (_tiles.stem_tile_*:
+    # fma over the C*KH*KW inputs) into y[i] (P, O) channels last, then folded BatchNorm
+    # (torch's fma, refimpl/_fma.py) and, when pack is True, the sign bits for the first
+    # binary unit, while y[i] is still in this core's cache.
+    # (From Python threads instead, matmuls shared the cores with Numba's spinning pool
+    # threads: 7 ms at batch 64, against 3 ms here. A BLAS sgemm per image took 1.5 ms of the
+    # batch's 2.5.)
     n_img, channels, h, w = x.shape
     positions, n_out = y.shape[1], y.shape[2]
     out_h = positions // out_w
     n_k = (n_out + 63) // 64
+    taps = kh * kw
+    tp, tq = STEM_PIXELS, STEM_CHANNELS
+    # A tile takes pixels p0, p0 + ps, ...: whole tiles cover positions - positions % tp.
+    ps = positions // tp
+    full_p = ps * tp
+    full_o = n_out - n_out % tq
     for i in prange(n_img):
         col = cols[numba.get_thread_id()]
         for c in range(channels):
@@ -449,7 +457,16 @@ def _stem(x, wmat, scale, shift, kh, kw, sh, sw, ph, pw, dh, dw, out_w, cols, y,
                             inside = iy >= 0 and iy < h and ix >= 0 and ix < w
                             row[oy * out_w + ox] = x[i, c, iy, ix] if inside else np.float32(0.0)
         yi = y[i]
-        np.dot(col.T, wmat, yi)
+        for o0 in range(0, full_o, tq):
+            for p0 in range(ps):
+                STEM_TILE(col, wmat, p0, ps, o0, yi)
+        # Pixels and channels past the whole tiles (none for 32x32 maps and 64 channels).
+        for p in range(positions):
+            for o in range(full_o if p < full_p else 0, n_out):
+                total = np.float32(0.0)
+                for k in range(channels * taps):
+                    total = fma32(col[k, p], wmat[k, o], total)
+                yi[p, o] = total
         for p in range(positions):
             yrow = yi[p]
             yy = p // out_w
@@ -724,7 +741,10 @@ class _StemStep(_Step):
         self.bits_out = _bits_buffer(n_img, o, self.out_h, self.out_w, nxt_pad) if nxt_pad else None
         # Buffers reused by every run (fresh ones cost a page fault per 4 KB at batch 64); the
         # im2col columns are per thread.
-        self.cols = np.empty((numba.config.NUMBA_NUM_THREADS, c * kh * kw, self.out_h * self.out_w), dtype=np.float32)
+        # Rows of 1024 floats are 4 KB apart and all fall in one L1 set: the stem tile reads 27
+        # of them at once. A few floats of padding per row spread them (measured: 2.2 -> 1.1 ms).
+        self.cols = np.empty((numba.config.NUMBA_NUM_THREADS, c * kh * kw, self.out_h * self.out_w + 16),
+                             dtype=np.float32)
         self.y = arena.take((n_img, self.out_h * self.out_w, o))
 
     def __call__(self, x, record):

@@ -62,3 +62,31 @@ def test_popcount_intrinsic_lowers_to_ctpop():
     assert f(np.uint64(0xFFFF_FFFF_FFFF_FFFF)) == 64
     assert f(np.uint64(0b1011)) == 3
     assert "llvm.ctpop.i64" in f.inspect_llvm(f.signatures[0])
+
+
+def test_stem_tile_is_vector_fma_over_channels():
+    from refimpl.codegen import STEM_TILE
+
+    pixels, channels = STEM_TILE
+    options = {k: v for k, v in OPTIONS.items() if k != "cache"}
+    tile = getattr(_tiles, f"stem_tile_{pixels}x{channels}")
+    kernel = numba.njit("void(f4[:, ::1], f4[:, ::1], i8, i8, i8, f4[:, ::1])", **options)(tile.py_func)
+    asm = kernel.inspect_asm(kernel.signatures[0])
+    # One 16-lane fma per pixel and 16 channels, and no scalar fma left over.
+    assert len(re.findall(r"vfmadd\w*ps\s+[^\n]*%zmm", asm)) >= pixels * channels // 16
+    assert not re.findall(r"vfmadd\w*ss", asm)
+
+
+def test_stem_tile_computes_the_strided_pixels_matmul():
+    rng = np.random.default_rng(1)
+    col = rng.standard_normal((27, 40)).astype(np.float32)
+    wk = rng.standard_normal((27, 64)).astype(np.float32)
+    y = np.zeros((40, 64), dtype=np.float32)
+    tile = _tiles.stem_tile_8x32
+    tile(col, wk, 3, 5, 32, y)  # pixels 3, 8, ..., 38; channels 32..63
+    pixels = 3 + 5 * np.arange(8)
+    expected = col[:, pixels].T.astype(np.float64) @ wk[:, 32:].astype(np.float64)
+    np.testing.assert_allclose(y[pixels, 32:], expected, rtol=1e-5, atol=1e-5)
+    untouched = np.ones(40, dtype=bool)
+    untouched[pixels] = False
+    assert not y[untouched].any() and not y[:, :32].any()
