@@ -14,7 +14,11 @@ engine, ...) so that load from other processes hits both alike; times are median
 Then per-layer engine timings, and the binary GEMMs alone against the popcount peak: one binary
 MAC is one bit of ``popcount(x AND w)``, counted nominally (N*Ho*Wo * O * C*KH*KW); the peak is
 ``bench/popcount_peak.c`` run here when gcc is available (bench_counts.py does the same), else
-the nominal 1.2 T/s per core of this machine's vpopcntq.
+the nominal 1.2 T/s per core of this machine's vpopcntq. "GEMM alone" is the two-pass path's
+GEMM (``_UnitStep.run_gemm``: counts ``a`` written to memory, image group by image group); where
+a layer runs fused (GEMM and epilogue per tile, most layers at batch 64), its own GEMM is inside
+the layer time and not separable, so the layer time minus this column only estimates what the
+rest of the layer costs (the fused GEMM skips writing ``a``, so it is if anything faster).
 """
 from __future__ import annotations
 

@@ -25,12 +25,19 @@ def tiles_16x8(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_p
         img0 = first // positions
         pos0 = first - img0 * positions
         full = first + 16 <= n_pixels and pos0 + 16 <= positions
-        for t in range(n_taps):
-            for p in range(16):
-                src = bases[first + p] + taps_off[t]
-                dst = t * k_words * 16 + p
-                for k in range(k_words):
-                    xt[dst + k * 16] = xflat[src + k]
+        if k_words == 1:
+            for t in range(n_taps):
+                off = np.uint64(taps_off[t])
+                dst = np.uint64(t * 16)
+                for p in range(16):
+                    xt[dst + np.uint64(p)] = xflat[np.uint64(bases[first + p]) + off]
+        else:
+            for t in range(n_taps):
+                for p in range(16):
+                    src = bases[first + p] + taps_off[t]
+                    dst = t * k_words * 16 + p
+                    for k in range(k_words):
+                        xt[dst + k * 16] = xflat[src + k]
         for panel in range(group * group_panels, min(n_panels, (group + 1) * group_panels)):
             wo = panel * steps * 8
             acc_0_0 = np.uint64(0)

@@ -179,13 +179,21 @@ def tile_kernel_source(pixels: int, channels: int, layout: str = "nchw") -> list
         f"{i2}img0 = first // positions",
         f"{i2}pos0 = first - img0 * positions",
         f"{i2}full = first + {P} <= n_pixels and pos0 + {P} <= positions",
-        # im2col of this tile only: xt[(t*K + k)*P + p], reused by every panel.
-        f"{i2}for t in range(n_taps):",
-        f"{i3}for p in range({P}):",
-        f"{i4}src = bases[first + p] + taps_off[t]",
-        f"{i4}dst = t * k_words * {P} + p",
-        f"{i4}for k in range(k_words):",
-        f"{i4}    xt[dst + k * {P}] = xflat[src + k]",
+        # im2col of this tile only: xt[(t*K + k)*P + p], reused by every panel; one word per
+        # tap (64 channels) without the word loop, as in the nhwc tile.
+        f"{i2}if k_words == 1:",
+        f"{i3}for t in range(n_taps):",
+        f"{i4}off = np.uint64(taps_off[t])",
+        f"{i4}dst = np.uint64(t * {P})",
+        f"{i4}for p in range({P}):",
+        f"{i4}    xt[dst + np.uint64(p)] = xflat[np.uint64(bases[first + p]) + off]",
+        f"{i2}else:",
+        f"{i3}for t in range(n_taps):",
+        f"{i4}for p in range({P}):",
+        f"{i4}    src = bases[first + p] + taps_off[t]",
+        f"{i4}    dst = t * k_words * {P} + p",
+        f"{i4}    for k in range(k_words):",
+        f"{i4}        xt[dst + k * {P}] = xflat[src + k]",
     ]
     lines += _panel_loop(P, Q, False, i3, "group * group_panels, min(n_panels, (group + 1) * group_panels)")
     # Store. A full tile (P positions of one image, Q real channels) writes each accumulator
