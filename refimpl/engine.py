@@ -791,7 +791,10 @@ class _UnitStep(_Step):
                          for _ in range(2 if down is not None else 1)]
         self.pxscratch = np.empty((threads, 2 * blocked.TILE_PIXELS), dtype=np.float32)
         self.out_chw = (conv.out_channels, oh, ow)
-        self.out = arena.take((n_img, oh * ow, conv.out_channels))
+        self.out_shape = (n_img, oh * ow, conv.out_channels)
+        # An identity unit adds its output into its input's buffer, in place (epilogue.py says
+        # why); the others write a buffer of their own.
+        self.out = None if layer["residual"] == "identity" else arena.take(self.out_shape)
         self.px = np.empty((n_img, oh * ow), dtype=np.float32)
         self.px2 = np.empty((n_img, oh * ow), dtype=np.float32) if down is not None else None
         self.pack = nxt_pad is not None
@@ -801,12 +804,13 @@ class _UnitStep(_Step):
     def __call__(self, x, record):
         L, conv = self.layer, self.layer["conv"]
         n_img = x.shape[0]
-        res = x.reshape(self.out.shape) if L["residual"] == "identity" else None
+        # The residual: the input itself, which the epilogue then overwrites with the output.
+        out = x.reshape(self.out_shape) if L["residual"] == "identity" else self.out
         debug = [] if record is not None else None
         if record is None and self.n_tiles >= FUSED_MIN_TILES_PER_THREAD * _RUN_THREADS[0]:
-            self._run_fused(res)
+            self._run_fused(out)
             oc, oh, ow = self.out_chw
-            return self.out.reshape(n_img, oh, ow, oc)
+            return out.reshape(n_img, oh, ow, oc)
         main, down = self.counts[self.group]
         main.window_popcounts(self.bits_in, self.px)
         if down is not None:
@@ -818,14 +822,14 @@ class _UnitStep(_Step):
             a, px = main(bits_in), self.px[g0:g1]
             bits = self.bits_out[g0:g1] if self.pack else _NO_BITS
             chunk = _epilogue_chunk(g1 - g0, a.shape[1], a.shape[2])
-            tail = (self.out[g0:g1], bits, self.pack, main.out_w, self.pad[0], self.pad[1], chunk)
+            tail = (out[g0:g1], bits, self.pack, main.out_w, self.pad[0], self.pad[1], chunk)
             head = (a, px, main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift)
             a2 = None
             tasks = (g1 - g0) * -(-a.shape[1] // chunk)
             if L["residual"] == "none":
                 _call(self.ep.epilogue_none, tasks, *head, *tail)
             elif L["residual"] == "identity":
-                _call(self.ep.epilogue_identity, tasks, *head, res[g0:g1], *tail)
+                _call(self.ep.epilogue_identity, tasks, *head, *tail)
             else:
                 d = L["down"]
                 a2, px2 = down(bits_in), self.px2[g0:g1]
@@ -834,30 +838,29 @@ class _UnitStep(_Step):
             if debug is not None:
                 debug.append((main.counts(a, px), down.counts(a2, px2) if a2 is not None else None))
         oc, oh, ow = self.out_chw
-        y = self.out.reshape(n_img, oh, ow, oc)
+        y = out.reshape(n_img, oh, ow, oc)
         if record is not None:
             joined = [np.concatenate([grp[0][k] for grp in debug]) for k in range(4)]
             record.append({"name": conv.name, **dict(zip("abcd", joined)), "y": y.transpose(0, 3, 1, 2).copy()})
             if L["down"] is not None:
                 joined = [np.concatenate([grp[1][k] for grp in debug]) for k in range(4)]
                 record.append({"name": L["down"].name, **dict(zip("abcd", joined))})
-        # ``y`` is this step's buffer, overwritten by the next run; the next layer consumes it
-        # before that, and run() returns only the classifier's fresh array.
+        # ``y`` is a plan buffer, overwritten later in this run (an identity unit adds into it in
+        # place) and by the next run; the next layer consumes it before that, debug records
+        # copy it, and run() returns only the classifier's fresh array.
         return y
 
-    def _run_fused(self, res):
+    def _run_fused(self, out):
         L, conv = self.layer, self.layer["conv"]
         main, down = self.whole
         mp = main.gemm.plan
         gemm = (self.bits_in.reshape(-1), mp.panels, mp.k_words, mp.taps_off, mp.bases)
         epi = (main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift)
-        tail = (self.out, self.bits_out if self.pack else _NO_BITS, self.pack, main.out_w, self.pad[0], self.pad[1])
+        tail = (out, self.bits_out if self.pack else _NO_BITS, self.pack, main.out_w, self.pad[0], self.pad[1])
         scratch = (mp.xscratch, mp.bscratch, self.ascratch[0])
         kernel = epilogue.fused_kernel(self.ep, L["residual"])
-        if L["residual"] == "none":
+        if L["residual"] in ("none", "identity"):
             kernel(*gemm, *scratch, self.pxscratch, *epi, *tail)
-        elif L["residual"] == "identity":
-            kernel(*gemm, *scratch, self.pxscratch, *epi, res, *tail)
         else:
             d, dp = L["down"], down.gemm.plan
             kernel(*gemm, dp.panels, dp.taps_off, dp.bases, *scratch, self.ascratch[1], self.pxscratch,
@@ -870,7 +873,7 @@ class _UnitStep(_Step):
 
     def run_gemm(self, which: int):
         """The popcount GEMMs alone of convolution ``which`` (0 conv, 1 down) over the batch."""
-        n_img = self.out.shape[0]
+        n_img = self.out_shape[0]
         for g0 in range(0, n_img, self.group):
             g1 = min(n_img, g0 + self.group)
             self.counts[g1 - g0][which].gemm(self.bits_in[g0:g1])
