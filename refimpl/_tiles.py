@@ -1192,8 +1192,10 @@ def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, firs
 
 
 @jit(parallel=True)
-def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):
-    px = np.empty((xscratch.shape[0], 16), dtype=np.float32)  # the tile's window popcounts, unused here
+def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a,
+                   px):
+    # px (N*Ho*Wo,) float32: each pixel's window popcount, from the tile's gather.
+    pxt = np.empty((xscratch.shape[0], 16), dtype=np.float32)
     n_pixels = a.shape[0] // n_out
     n_panels = (n_out + 7) // 8
     n_groups = (n_panels + group_panels - 1) // group_panels
@@ -1202,7 +1204,10 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
         group = item - tile * n_groups
         tid = numba.get_thread_id()
         tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, tile * 16, group * group_panels,
-             min(n_panels, (group + 1) * group_panels), xscratch[tid], bscratch[tid], a, 0, px[tid])
+             min(n_panels, (group + 1) * group_panels), xscratch[tid], bscratch[tid], a, 0, pxt[tid])
+        if group == 0:
+            for q in range(min(16, n_pixels - tile * 16)):
+                px[tile * 16 + q] = pxt[tid, q]
 
 
 @jit("void(f4[:, ::1], f4[:, ::1], i8, i8, i8, f4[:, ::1])")

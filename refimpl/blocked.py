@@ -137,8 +137,10 @@ def _nhwc_sources(P: int, Q: int) -> list[str]:
         "",
         "",
         "@jit(parallel=True)",
-        f"def {kernel_name(P, Q, 'nhwc')}(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):",
-        f"{i1}px = np.empty((xscratch.shape[0], {P}), dtype=np.float32)  # the tile's window popcounts, unused here",
+        f"def {kernel_name(P, Q, 'nhwc')}(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a,",
+        f"{i1}{' ' * len(kernel_name(P, Q, 'nhwc'))}px):",
+        f"{i1}# px (N*Ho*Wo,) float32: each pixel's window popcount, from the tile's gather.",
+        f"{i1}pxt = np.empty((xscratch.shape[0], {P}), dtype=np.float32)",
         f"{i1}n_pixels = a.shape[0] // n_out",
         f"{i1}n_panels = (n_out + {Q - 1}) // {Q}",
         f"{i1}n_groups = (n_panels + group_panels - 1) // group_panels",
@@ -147,7 +149,10 @@ def _nhwc_sources(P: int, Q: int) -> list[str]:
         f"{i2}group = item - tile * n_groups",
         f"{i2}tid = numba.get_thread_id()",
         f"{i2}{tile}(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, tile * {P}, group * group_panels,",
-        f"{i2}     min(n_panels, (group + 1) * group_panels), xscratch[tid], bscratch[tid], a, 0, px[tid])",
+        f"{i2}     min(n_panels, (group + 1) * group_panels), xscratch[tid], bscratch[tid], a, 0, pxt[tid])",
+        f"{i2}if group == 0:",
+        f"{i3}for q in range(min({P}, n_pixels - tile * {P})):",
+        f"{i3}    px[tile * {P} + q] = pxt[tid, q]",
     ]
     return lines
 
@@ -304,11 +309,14 @@ class ConvPlan:
         """The packed (N, H, W, K) input in this plan's zero-bordered, flat buffer layout."""
         return pad_input(xp, self.buffer_padding)
 
-    def __call__(self, xflat: np.ndarray, a: np.ndarray, threads: int | None = None) -> np.ndarray:
+    def __call__(self, xflat: np.ndarray, a: np.ndarray, threads: int | None = None, px=None) -> np.ndarray:
         """Fill ``a`` from the flat padded input buffer: C-contiguous, (N, O, Ho*Wo) int64 for the
         ``nchw`` layout, (N, Ho*Wo, O) int32 for ``nhwc``.
 
         ``threads``: the caller's Numba thread count, if it knows it (asking Numba takes a lock).
+        ``px`` (``nhwc`` only): a C-contiguous float32 array of N*Ho*Wo values, filled with each
+        output pixel's window popcount (SPEC section 1's px; the padded taps read the buffer's
+        zero border), taken while the tiles gather their input.
         """
         from . import _tiles
 
@@ -319,10 +327,16 @@ class ConvPlan:
         groups = min(self.n_panels, max(1, -(-4 * threads // self.n_tiles)))
         group_panels = -(-self.n_panels // groups)
         kernel = getattr(_tiles, kernel_name(TILE_PIXELS, TILE_CHANNELS, self.layout))
-        kernel(
-            xflat, self.panels, self.k_words, self.taps_off, self.bases, self.n_out,
-            self.out_h * self.out_w, group_panels, self.xscratch, self.bscratch, a.reshape(-1),
-        )
+        args = (xflat, self.panels, self.k_words, self.taps_off, self.bases, self.n_out,
+                self.out_h * self.out_w, group_panels, self.xscratch, self.bscratch, a.reshape(-1))
+        if self.layout == "nhwc":
+            if px is None:
+                px = np.empty(self.n_img * self.out_h * self.out_w, dtype=np.float32)
+            kernel(*args, px.reshape(-1))
+        elif px is not None:
+            raise ValueError("px is filled by the nhwc layout only; counts.py sums it for nchw")
+        else:
+            kernel(*args)
         return a
 
 

@@ -9,13 +9,13 @@ Execution follows the file's layer list:
   tile, ``_tiles.stem_tile_*``), folded BatchNorm, the sign bits of the first binary unit.
 * ``binary_unit``: the input activation arrives already binarized and packed into this unit's
   zero-padded word buffer (the stem or the previous epilogue wrote it, or ``_pack_padded``
-  after a pool); one popcount GEMM per convolution (``a``), window sums ``px`` over the same buffer,
-  ``pw`` and ``n`` precomputed per input shape, then one fused epilogue
-  (``refimpl/epilogue.py``): b, c, d, the measure, BatchNorm, the residual, and the sign bits
-  for the next binary unit. With enough pixels to share out (``FUSED_MIN_TILES_PER_THREAD``),
-  GEMM and epilogue run together, tile by tile, in one parallel loop (``fused_*``): ``a``
-  stays in L1 and ``px`` comes from the tile's own im2col. Otherwise (batch 1 on small maps,
-  and debug runs, which record ``a``) they are two passes, the GEMM split over channels too.
+  after a pool); one popcount GEMM per convolution (``a``, and the window sums ``px``, taken
+  while its tiles gather their input), ``pw`` and ``n`` precomputed per input shape, then one
+  fused epilogue (``refimpl/epilogue.py``): b, c, d, the measure, BatchNorm, the residual, and
+  the sign bits for the next binary unit. With enough pixels to share out
+  (``FUSED_MIN_TILES_PER_THREAD``), GEMM and epilogue run together, tile by tile, in one
+  parallel loop (``fused_*``), and ``a`` stays in L1. Otherwise (batch 1 on small maps, and
+  debug runs, which record ``a``) they are two passes, the GEMM split over channels too.
 * ``maxpool2d`` / ``avgpool2d`` / ``global_avgpool`` / ``linear``: NumPy, float32.
 
 Activations are channels last, (N, H, W, C), from the stem on: the GEMM stores each pixel's
@@ -48,13 +48,14 @@ from numba import prange
 from . import _jit, blocked, epilogue
 from ._fma import fma32
 from ._jit import jit
-from ._tiles import stem_tile_8x32 as STEM_TILE
+from . import _tiles
 from .bits import WORD_BITS, n_words, popcount, sign_word
-from .codegen import STEM_TILE as _STEM_SHAPE
-
-STEM_PIXELS, STEM_CHANNELS = _STEM_SHAPE
+from .codegen import STEM_TILE as STEM_SHAPE
 from .counts import _weight_window_sums, _window_sums, conv_output_size
 from .genome import Genome
+
+STEM_PIXELS, STEM_CHANNELS = STEM_SHAPE
+STEM_TILE = getattr(_tiles, f"stem_tile_{STEM_PIXELS}x{STEM_CHANNELS}")
 
 FORMAT = "bnn-measure"
 SUPPORTED_VERSIONS = (1,)
@@ -523,31 +524,6 @@ with epilogue._loop_vectorizer():
                        parallel=True, **_jit.OPTIONS)(_stem)
 
 
-@jit(parallel=True)
-def _window_popcounts(bits, kh, kw, sh, sw, dh, dw, off_h, off_w, out_h, out_w, px):
-    # px[i, oy*out_w + ox] = sum over taps of popcount(bits[i, off_h + oy*sh + ty*dh, ...]),
-    # stored as float32 for the epilogue (an integer below 2**24: exact).
-    # ``bits`` is zero-padded, so padded taps add 0 without bounds checks: exactly the in-bounds
-    # window sum of SPEC section 1. off_* = buffer padding - layer padding.
-    n_img, hp, wp, n_k = bits.shape
-    for i in prange(n_img):
-        pc = np.empty((hp, wp), dtype=np.int64)
-        for y in range(hp):
-            for x in range(wp):
-                total = 0
-                for k in range(n_k):
-                    total += popcount(bits[i, y, x, k])
-                pc[y, x] = total
-        for oy in range(out_h):
-            for ox in range(out_w):
-                total = 0
-                for ty in range(kh):
-                    yy = off_h + oy * sh + ty * dh
-                    for tx in range(kw):
-                        total += pc[yy, off_w + ox * sw + tx * dw]
-                px[i, oy * out_w + ox] = np.float32(total)
-
-
 # numba.get_num_threads() takes a lock and costs ~5 us; a batch-1 run asked it ~60 times. Model.run
 # reads it once into this cell for the kernels of that run.
 _RUN_THREADS = [1]
@@ -581,8 +557,8 @@ class _Gemm:
                                      buffer_padding=buf_pad, layout="nhwc")
         self.a = np.empty((n_img, out_h * out_w, conv.out_channels), dtype=np.int32)
 
-    def __call__(self, bits: np.ndarray) -> np.ndarray:
-        return self.plan(bits.reshape(-1), self.a, threads=_RUN_THREADS[0])
+    def __call__(self, bits: np.ndarray, px: np.ndarray | None = None) -> np.ndarray:
+        return self.plan(bits.reshape(-1), self.a, threads=_RUN_THREADS[0], px=px)
 
 
 class _ConvCounts:
@@ -606,20 +582,10 @@ class _ConvCounts:
         # The epilogue's float32 forms (exact: integers below 2**24), channels last (P, O).
         self.pw_f = np.ascontiguousarray(self.pw.T, dtype=np.float32)
         self.npw_f = np.ascontiguousarray((self.n[None, :] - self.pw).T, dtype=np.float32)
-        self.off = (buf_pad[0] - conv.padding[0], buf_pad[1] - conv.padding[1])
 
-    def window_popcounts(self, bits, px):
-        """px (N, Ho*Wo) float32: the input's window sums, for all images of ``bits`` at once.
-
-        One call per batch, not per group: a group is often one image, and one image is one
-        task, which ran on one thread (measured: 0.77 ms of a 7.3 ms layer at batch 64).
-        """
-        c = self.conv
-        _call(_window_popcounts, bits.shape[0],
-              bits, *c.kernel, *c.stride, *c.dilation, *self.off, self.out_h, self.out_w, px)
-
-    def __call__(self, bits):
-        return self.gemm(bits)
+    def __call__(self, bits, px):
+        """``a`` of the images in ``bits``, and their window popcounts into ``px`` (N, Ho*Wo)."""
+        return self.gemm(bits, px)
 
     def counts(self, a, px):
         """a, b, c, d (N, O, Ho, Wo) int64 (NCHW, as torch has them) from the identities, for debug mode."""
@@ -811,15 +777,12 @@ class _UnitStep(_Step):
             self._run_fused(out)
             oc, oh, ow = self.out_chw
             return out.reshape(n_img, oh, ow, oc)
-        main, down = self.counts[self.group]
-        main.window_popcounts(self.bits_in, self.px)
-        if down is not None:
-            down.window_popcounts(self.bits_in, self.px2)
         for g0 in range(0, n_img, self.group):
             g1 = min(n_img, g0 + self.group)
             main, down = self.counts[g1 - g0]
             bits_in = self.bits_in[g0:g1]  # contiguous: a slice of whole images
-            a, px = main(bits_in), self.px[g0:g1]
+            px = self.px[g0:g1]
+            a = main(bits_in, px)
             bits = self.bits_out[g0:g1] if self.pack else _NO_BITS
             chunk = _epilogue_chunk(g1 - g0, a.shape[1], a.shape[2])
             tail = (out[g0:g1], bits, self.pack, main.out_w, self.pad[0], self.pad[1], chunk)
@@ -832,7 +795,8 @@ class _UnitStep(_Step):
                 _call(self.ep.epilogue_identity, tasks, *head, *tail)
             else:
                 d = L["down"]
-                a2, px2 = down(bits_in), self.px2[g0:g1]
+                px2 = self.px2[g0:g1]
+                a2 = down(bits_in, px2)
                 _call(self.ep.epilogue_down, tasks,
                       *head, a2, px2, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, *tail)
             if debug is not None:

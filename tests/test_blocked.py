@@ -39,8 +39,14 @@ def test_plan_matches_the_simple_kernel(n_img, channels, size, out_ch, kernel, s
         plan(plan.pad(xp), a)
     else:  # (N, Ho*Wo, O) int32, compared in NCHW order
         a_nhwc = np.full((n_img, positions, out_ch), -1, dtype=np.int32)
-        plan(plan.pad(xp), a_nhwc)
+        px = np.full((n_img, positions), -1, dtype=np.float32)
+        plan(plan.pad(xp), a_nhwc, px=px)
         a = a_nhwc.transpose(0, 2, 1).astype(np.int64)
+        # px: the ones of x under each window's in-bounds taps, from the unpacked +-1 values
+        # (an all-ones filter's a, computed by the simple kernel).
+        ones = pack_nchw(np.ones((1, channels, kernel, kernel), dtype=np.float32))
+        expected_px = _simple_a(xp, ones, stride, padding, (1, 1))[:, 0]
+        np.testing.assert_array_equal(px, expected_px.astype(np.float32))
     np.testing.assert_array_equal(a, _simple_a(xp, wp, stride, padding, (1, 1)))
 
 

@@ -34,6 +34,7 @@ def _tile_asm(layout: str = "nchw") -> str:
         blocked.pixel_bases(2, 4, 4, (1, 1), (1, 1), 4, 4, k_words), 8, 16, 1,
         np.empty((numba.config.NUMBA_NUM_THREADS, 9 * k_words * 16), np.uint64),
         np.empty((numba.config.NUMBA_NUM_THREADS, 8, 16), np.uint64), a,
+        *((np.empty(2 * 16, np.float32),) if layout == "nhwc" else ()),  # nhwc also fills px
     )
     return kernel.inspect_asm(kernel.signatures[0])
 
@@ -78,15 +79,19 @@ def test_stem_tile_is_vector_fma_over_channels():
 
 
 def test_stem_tile_computes_the_strided_pixels_matmul():
+    from refimpl.codegen import STEM_TILE
+
+    P, Q = STEM_TILE
+    tile = getattr(_tiles, f"stem_tile_{P}x{Q}")
     rng = np.random.default_rng(1)
-    col = rng.standard_normal((27, 40)).astype(np.float32)
-    wk = rng.standard_normal((27, 64)).astype(np.float32)
-    y = np.zeros((40, 64), dtype=np.float32)
-    tile = _tiles.stem_tile_8x32
-    tile(col, wk, 3, 5, 32, y)  # pixels 3, 8, ..., 38; channels 32..63
-    pixels = 3 + 5 * np.arange(8)
-    expected = col[:, pixels].T.astype(np.float64) @ wk[:, 32:].astype(np.float64)
-    np.testing.assert_allclose(y[pixels, 32:], expected, rtol=1e-5, atol=1e-5)
-    untouched = np.ones(40, dtype=bool)
+    positions = 3 + 5 * P
+    col = rng.standard_normal((27, positions)).astype(np.float32)
+    wk = rng.standard_normal((27, 2 * Q)).astype(np.float32)
+    y = np.zeros((positions, 2 * Q), dtype=np.float32)
+    tile(col, wk, 3, 5, Q, y)  # pixels 3, 8, ...; the second Q channels
+    pixels = 3 + 5 * np.arange(P)
+    expected = col[:, pixels].T.astype(np.float64) @ wk[:, Q:].astype(np.float64)
+    np.testing.assert_allclose(y[pixels, Q:], expected, rtol=1e-5, atol=1e-5)
+    untouched = np.ones(positions, dtype=bool)
     untouched[pixels] = False
-    assert not y[untouched].any() and not y[:, :32].any()
+    assert not y[untouched].any() and not y[:, :Q].any()
