@@ -16,7 +16,8 @@ Shape of the computation (what made Numba reach the popcount peak, PERFORMANCE.m
   order; its input words (an im2col of P pixels, a few KB) are gathered once into a per-thread
   buffer and reused by every panel of output channels.
 * Two store layouts. ``nchw`` (the counts API): ``a`` is (N, O, Ho*Wo) int64, stored channel
-  by channel in contiguous runs of P positions; ``counts.py`` derives b, c and d from it.
+  by channel in contiguous runs of P positions. Its tile is two serial functions, a gather and
+  one panel's GEMM, so that ``counts.py`` can run the count identities between panels.
   ``nhwc`` (the inference engine): ``a`` is (N, Ho*Wo, O) int32. Its im2col is pixel-major so
   that SLP packs the accumulators over channels, not pixels: each pixel's Q channels are then
   one vector register, and a full tile is P plain vector stores, no transposes; the
@@ -41,6 +42,16 @@ def kernel_name(pixels: int, channels: int, layout: str) -> str:
     return f"tiles_{pixels}x{channels}" + ("" if layout == "nchw" else f"_{layout}")
 
 
+def gather_function_name(pixels: int) -> str:
+    """The serial nchw im2col of one tile of P pixels (``panel_function_name`` reads it)."""
+    return f"gather_{pixels}_nchw"
+
+
+def panel_function_name(pixels: int, channels: int) -> str:
+    """The serial nchw tile: P pixels x Q channels of one panel, stored channel-major."""
+    return f"panel_{pixels}x{channels}_nchw"
+
+
 def tile_function_name(pixels: int, channels: int) -> str:
     """The serial nhwc tile: one tile of P pixels over a range of panels (the engine's fused
     epilogue kernels call it, as does the parallel ``kernel_name(P, Q, "nhwc")``)."""
@@ -53,6 +64,9 @@ def tile_function_name(pixels: int, channels: int) -> str:
 TILE_FUNCTION_SIGNATURE = (
     "void(u8[::1], u8[::1], i8, i8[::1], i8[::1], i8, i8, i8, i8, i8, u8[::1], u8[:, ::1], i4[::1], i8, f4[::1])"
 )
+# gather(xflat, k_words, taps_off, bases, first, xt); panel(xt, wflat, steps, panel, out, row0, ld, col)
+GATHER_SIGNATURE = "void(u8[::1], i8, i8[::1], i8[::1], i8, u8[::1])"
+PANEL_SIGNATURE = "void(u8[::1], u8[::1], i8, i8, i8[::1], i8, i8, i8)"
 
 
 def _panel_loop(P: int, Q: int, pixel_major: bool, indent: str, panels: str) -> list[str]:
@@ -165,14 +179,57 @@ def tile_kernel_source(pixels: int, channels: int, layout: str = "nchw") -> list
     P, Q = pixels, channels
     if layout == "nhwc":
         return _nhwc_sources(P, Q)
+    return _nchw_sources(P, Q)
+
+
+def _nchw_sources(P: int, Q: int) -> list[str]:
+    """The gather and panel functions of the nchw layout, and the parallel kernel that fills
+    ``a`` with them; counts.py's fused counts kernel calls the same two functions."""
     i1, i2, i3, i4 = (" " * (4 * k) for k in range(1, 5))
+    gather, panel = gather_function_name(P), panel_function_name(P, Q)
     lines = [
-        "@jit(parallel=True)",
-        f"def {kernel_name(P, Q, layout)}(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):",
+        f'@jit("{GATHER_SIGNATURE}")',
+        f"def {gather}(xflat, k_words, taps_off, bases, first, xt):",
+        f"{i1}# im2col of pixels first .. first+{P - 1}: xt[(t*K + k)*{P} + p], tap-major, so that a",
+        f"{i1}# step's {P} input words are adjacent and SLP packs the accumulators over pixels: each",
+        f"{i1}# vector holds 8 positions of one channel, the nchw store layout.",
+        f"{i1}# One word per tap (64 channels) without the word loop, as in the nhwc tile.",
         f"{i1}n_taps = taps_off.shape[0]",
+        f"{i1}if k_words == 1:",
+        f"{i2}for t in range(n_taps):",
+        f"{i3}off = np.uint64(taps_off[t])",
+        f"{i3}dst = np.uint64(t * {P})",
+        f"{i3}for p in range({P}):",
+        f"{i3}    xt[dst + np.uint64(p)] = xflat[np.uint64(bases[first + p]) + off]",
+        f"{i1}else:",
+        f"{i2}for t in range(n_taps):",
+        f"{i3}for p in range({P}):",
+        f"{i3}    src = bases[first + p] + taps_off[t]",
+        f"{i3}    dst = t * k_words * {P} + p",
+        f"{i3}    for k in range(k_words):",
+        f"{i3}        xt[dst + k * {P}] = xflat[src + k]",
+        "",
+        "",
+        f'@jit("{PANEL_SIGNATURE}")',
+        f"def {panel}(xt, wflat, steps, panel, out, row0, ld, col):",
+        f"{i1}# The {P}x{Q} tile of one panel: channel j of the panel goes to",
+        f"{i1}# out[(row0 + j)*ld + col :][:{P}], {P} consecutive positions (SLP: vector stores).",
+    ]
+    body = _panel_loop(P, Q, False, i2, "panel, panel + 1")
+    # _panel_loop opens its own loop over panels; here there is exactly one.
+    lines += [line[4:] if line.startswith(i2) else line for line in body[1:]]
+    for j in range(Q):
+        lines.append(f"{i1}row = np.uint64((row0 + {j}) * ld + col)")
+        lines += [f"{i1}out[row + np.uint64({p})] = np.int64(acc_{p}_{j})" for p in range(P)]
+    lines += [
+        "",
+        "",
+        "@jit(parallel=True)",
+        f"def {kernel_name(P, Q, 'nchw')}(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):",
+        f"{i1}# a (N*O*Ho*Wo,) int64; bscratch (T, {Q * P}) int64: the edge tiles' block.",
         f"{i1}n_pixels = a.shape[0] // n_out",
         f"{i1}n_panels = (n_out + {Q - 1}) // {Q}",
-        f"{i1}steps = n_taps * k_words",
+        f"{i1}steps = taps_off.shape[0] * k_words",
         f"{i1}n_groups = (n_panels + group_panels - 1) // group_panels",
         f"{i1}for item in prange(((n_pixels + {P - 1}) // {P}) * n_groups):",
         f"{i2}tile = item // n_groups",
@@ -184,41 +241,20 @@ def tile_kernel_source(pixels: int, channels: int, layout: str = "nchw") -> list
         f"{i2}img0 = first // positions",
         f"{i2}pos0 = first - img0 * positions",
         f"{i2}full = first + {P} <= n_pixels and pos0 + {P} <= positions",
-        # im2col of this tile only: xt[(t*K + k)*P + p], reused by every panel; one word per
-        # tap (64 channels) without the word loop, as in the nhwc tile.
-        f"{i2}if k_words == 1:",
-        f"{i3}for t in range(n_taps):",
-        f"{i4}off = np.uint64(taps_off[t])",
-        f"{i4}dst = np.uint64(t * {P})",
-        f"{i4}for p in range({P}):",
-        f"{i4}    xt[dst + np.uint64(p)] = xflat[np.uint64(bases[first + p]) + off]",
-        f"{i2}else:",
-        f"{i3}for t in range(n_taps):",
-        f"{i4}for p in range({P}):",
-        f"{i4}    src = bases[first + p] + taps_off[t]",
-        f"{i4}    dst = t * k_words * {P} + p",
-        f"{i4}    for k in range(k_words):",
-        f"{i4}        xt[dst + k * {P}] = xflat[src + k]",
-    ]
-    lines += _panel_loop(P, Q, False, i3, "group * group_panels, min(n_panels, (group + 1) * group_panels)")
-    # Store. A full tile (P positions of one image, Q real channels) writes each accumulator
-    # straight into ``a``: P consecutive positions per channel, which SLP turns into vector
-    # stores. Tiles at the edges go through the small per-thread block.
-    lines += [
+        f"{i2}{gather}(xflat, k_words, taps_off, bases, first, xt)",
+        f"{i2}for panel in range(group * group_panels, min(n_panels, (group + 1) * group_panels)):",
+        # A full tile (P positions of one image, Q real channels) stores straight into
+        # ``a``; tiles at the edges go through the small per-thread block.
         f"{i3}if full and panel * {Q} + {Q} <= n_out:",
-    ]
-    for j in range(Q):
-        lines.append(f"{i4}row = np.uint64(((img0 * n_out) + panel * {Q} + {j}) * positions + pos0)")
-        lines += [f"{i4}a[row + np.uint64({p})] = np.int64(acc_{p}_{j})" for p in range(P)]
-    lines.append(f"{i3}else:")
-    lines += [f"{i4}block[{j}, {p}] = acc_{p}_{j}" for j in range(Q) for p in range(P)]
-    lines += [
+        f"{i4}{panel}(xt, wflat, steps, panel, a, img0 * n_out + panel * {Q}, positions, pos0)",
+        f"{i3}else:",
+        f"{i4}{panel}(xt, wflat, steps, panel, block, 0, {P}, 0)",
         f"{i4}for j in range(min({Q}, n_out - panel * {Q})):",
         f"{i4}    o = panel * {Q} + j",
         f"{i4}    for p in range(min({P}, n_pixels - first)):",
         f"{i4}        pix = first + p",
         f"{i4}        i = pix // positions",
-        f"{i4}        a[(i * n_out + o) * positions + pix - i * positions] = np.int64(block[j, p])",
+        f"{i4}        a[(i * n_out + o) * positions + pix - i * positions] = block[j * {P} + p]",
     ]
     return lines
 
@@ -240,11 +276,13 @@ def pixel_bases(n_img, h, w, stride, padding, out_h, out_w, k_words, pixels=TILE
     """Offset of each output pixel's window origin in the zero-padded, flattened input.
 
     Pixels are in NCHW order (image, row, column), so a tile's outputs are neighbouring
-    positions. The list is padded to whole tiles by repeating the last pixel (dropped on store).
+    positions. The list is padded by repeating the last pixel (dropped on store) to whole tiles
+    plus one spare tile, so that a tile may start at any pixel (counts.py starts one at each
+    image's first position).
     """
     hp, wp_ = h + 2 * padding[0], w + 2 * padding[1]
     n_pixels = n_img * out_h * out_w
-    pix = np.minimum(np.arange(-(-n_pixels // pixels) * pixels), n_pixels - 1)
+    pix = np.minimum(np.arange((-(-n_pixels // pixels) + 1) * pixels), n_pixels - 1)
     img, pos = np.divmod(pix, out_h * out_w)
     oy, ox = np.divmod(pos, out_w)
     return ((img * hp + oy * stride[0]) * wp_ + ox * stride[1]) * k_words
@@ -301,7 +339,9 @@ class ConvPlan:
                                              dtype=np.int64)
         threads = numba.config.NUMBA_NUM_THREADS
         self.xscratch = np.empty((threads, kh * kw * self.k_words * P), dtype=np.uint64)
-        self.bscratch = np.empty((threads, Q, P), dtype=np.uint64)
+        # The edge tiles' block: (Q, P) accumulators for nhwc, a flat int64 panel for nchw.
+        self.bscratch = (np.empty((threads, Q, P), dtype=np.uint64) if layout == "nhwc"
+                         else np.empty((threads, Q * P), dtype=np.int64))
         self.n_tiles = -(-(n_img * self.out_h * self.out_w) // P)
         self.n_panels = -(-self.n_out // Q)
 

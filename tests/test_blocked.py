@@ -70,3 +70,48 @@ def test_counts_written_into_out_equal_fresh_counts_and_bad_out_is_refused():
         np.testing.assert_array_equal(f, o)
     with pytest.raises(ValueError, match="int64 of shape"):
         refimpl.counts_conv2d(x, w, padding=1, out=out[:3] + (np.zeros((2, 9, 5, 5)),))
+
+
+def _offset_outputs(shape, word_offsets):
+    """Four int64 arrays of ``shape`` whose data start ``word_offsets[k]`` words past a 64-byte line."""
+    size = int(np.prod(shape))
+    outs = []
+    for offset in word_offsets:
+        raw = np.full(size + 16, -7, dtype=np.int64)
+        start = (-raw.ctypes.data % 64) // 8 + offset
+        outs.append(raw[start:start + size].reshape(shape))
+    return tuple(outs)
+
+
+@pytest.mark.parametrize("word_offsets", [(0, 0, 0, 0), (2, 2, 2, 2), (0, 3, 5, 7)])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "n_img, channels, size, out_ch, stage_elements",
+    [
+        (3, 70, 7, 19, 16384),  # 49 positions: rows start anywhere in a line
+        (2, 64, 9, 16, 256),  # stage for 16 positions: 81 positions in 6 chunks, the last partial
+        (1, 130, 5, 40, 16384),  # batch 1: the panels split into groups
+        (5, 3, 4, 8, 64),  # one panel, 16-position tiles = whole 4x4 images
+    ],
+)
+def test_fused_counts_kernel_matches_the_simple_kernel(monkeypatch, n_img, channels, size, out_ch, stage_elements,
+                                                       stream, word_offsets):
+    # The fused kernel's paths: streaming or plain stores, arrays that share a line offset or
+    # not (streaming then falls back to plain), chunks of an image's positions, panel groups.
+    import refimpl
+    from refimpl import counts
+
+    monkeypatch.setattr(counts, "STREAM_MIN_BYTES", 0 if stream else 1 << 62)
+    monkeypatch.setattr(counts, "STAGE_ELEMENTS", stage_elements)
+    rng = np.random.default_rng(n_img * 100 + channels)
+    x = rng.choice([-1.0, 1.0], size=(n_img, channels, size, size)).astype(np.float32)
+    w = rng.choice([-1.0, 1.0], size=(out_ch, channels, 3, 3)).astype(np.float32)
+    expected = refimpl.counts_conv2d(x, w, padding=1, kernel="simple")
+    out = _offset_outputs(expected[0].shape, word_offsets)
+    got = refimpl.counts_conv2d(x, w, padding=1, kernel="blocked", out=out)
+    for name, e, g in zip("abcd", expected, got):
+        np.testing.assert_array_equal(g, e, err_msg=f"count {name}")
+    fresh = refimpl.counts_conv2d(x, w, padding=1)
+    for name, e, g in zip("abcd", expected, fresh):
+        np.testing.assert_array_equal(g, e, err_msg=f"fresh count {name}")
+        assert g.ctypes.data % 64 == 0, "fresh outputs start on a line (streaming stores need it)"

@@ -19,6 +19,10 @@ HAS_VPOPCNTDQ = bool(llvm.get_host_cpu_features().get("avx512vpopcntdq"))
 
 def _tile_asm(layout: str = "nchw") -> str:
     options = {k: v for k, v in OPTIONS.items() if k != "cache"}
+    if layout == "nchw":  # the GEMM of one panel, which every nchw kernel calls
+        panel = getattr(_tiles, blocked.panel_function_name(16, 8))
+        kernel = numba.njit(blocked.PANEL_SIGNATURE, **options)(panel.py_func)
+        return kernel.inspect_asm(kernel.signatures[0])
     kernel = numba.njit(parallel=True, **options)(getattr(_tiles, blocked.kernel_name(16, 8, layout)).py_func)
     rng = np.random.default_rng(0)
     x = rng.choice([-1.0, 1.0], size=(2, 64, 4, 4)).astype(np.float32)
@@ -27,14 +31,14 @@ def _tile_asm(layout: str = "nchw") -> str:
 
     xp, wp = pack_nchw(x), pack_nchw(w)
     k_words = xp.shape[-1]
-    a = np.empty(2 * 8 * 16, dtype=np.int64 if layout == "nchw" else np.int32)
+    a = np.empty(2 * 8 * 16, dtype=np.int32)
     kernel(
         blocked.pad_input(xp, (1, 1)), blocked.weight_panels(wp), k_words,
         blocked.tap_offsets(3, 3, (1, 1), 4, (1, 1), k_words),
         blocked.pixel_bases(2, 4, 4, (1, 1), (1, 1), 4, 4, k_words), 8, 16, 1,
         np.empty((numba.config.NUMBA_NUM_THREADS, 9 * k_words * 16), np.uint64),
         np.empty((numba.config.NUMBA_NUM_THREADS, 8, 16), np.uint64), a,
-        *((np.empty(2 * 16, np.float32),) if layout == "nhwc" else ()),  # nhwc also fills px
+        np.empty(2 * 16, np.float32),  # px
     )
     return kernel.inspect_asm(kernel.signatures[0])
 
