@@ -29,6 +29,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ._jit import jit
+
 # (pixels, channels) per tile. 16 x 8: 16 zmm accumulators, one zmm of weights, room to spare
 # in the 32 AVX-512 registers.
 TILE_SHAPES = ((16, 8),)
@@ -280,12 +282,24 @@ def pixel_bases(n_img, h, w, stride, padding, out_h, out_w, k_words, pixels=TILE
     plus one spare tile, so that a tile may start at any pixel (counts.py starts one at each
     image's first position).
     """
-    hp, wp_ = h + 2 * padding[0], w + 2 * padding[1]
     n_pixels = n_img * out_h * out_w
-    pix = np.minimum(np.arange((-(-n_pixels // pixels) + 1) * pixels), n_pixels - 1)
-    img, pos = np.divmod(pix, out_h * out_w)
-    oy, ox = np.divmod(pos, out_w)
-    return ((img * hp + oy * stride[0]) * wp_ + ox * stride[1]) * k_words
+    bases = np.empty((-(-n_pixels // pixels) + 1) * pixels, dtype=np.int64)
+    _fill_pixel_bases(h + 2 * padding[0], w + 2 * padding[1], stride[0], stride[1], out_h, out_w, k_words,
+                      n_pixels, bases)
+    return bases
+
+
+@jit
+def _fill_pixel_bases(hp, wp, stride_y, stride_x, out_h, out_w, k_words, n_pixels, bases):
+    # A loop, not NumPy divmods over arrays: the counts API builds this on every call.
+    positions = out_h * out_w
+    for p in range(bases.shape[0]):
+        pix = min(p, n_pixels - 1)
+        img = pix // positions
+        pos = pix - img * positions
+        oy = pos // out_w
+        ox = pos - oy * out_w
+        bases[p] = ((img * hp + oy * stride_y) * wp + ox * stride_x) * k_words
 
 
 def tap_offsets(kh, kw, dilation, w, padding, k_words):

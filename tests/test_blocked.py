@@ -115,3 +115,38 @@ def test_fused_counts_kernel_matches_the_simple_kernel(monkeypatch, n_img, chann
     for name, e, g in zip("abcd", expected, fresh):
         np.testing.assert_array_equal(g, e, err_msg=f"fresh count {name}")
         assert g.ctypes.data % 64 == 0, "fresh outputs start on a line (streaming stores need it)"
+
+
+def test_output_memory_is_recycled_only_once_nothing_references_it(monkeypatch):
+    import refimpl
+    from refimpl import counts
+
+    pool = counts._OutputBlocks()
+    monkeypatch.setattr(counts, "_OUTPUT_BLOCKS", pool)
+    monkeypatch.setattr(pool, "MIN_BYTES", 0)
+    rng = np.random.default_rng(3)
+    x = rng.choice([-1.0, 1.0], size=(2, 70, 6, 6))
+    w = rng.choice([-1.0, 1.0], size=(9, 70, 3, 3))
+
+    def address(t):
+        return t.__array_interface__["data"][0]
+
+    first = refimpl.counts_conv2d(x, w, padding=1)
+    expected = [t.copy() for t in first]
+    held = first[3][1:, 2].T  # a view of a view of d: it alone keeps the whole block in use
+    used = address(first[0])
+    del first
+    second = refimpl.counts_conv2d(x, w, padding=1)
+    assert address(second[0]) != used, "memory handed out again while a view of it is alive"
+    np.testing.assert_array_equal(held, expected[3][1:, 2].T)
+    del held
+    reused = address(second[0])
+    del second
+    third = refimpl.counts_conv2d(x, w, padding=1)
+    assert address(third[0]) in (used, reused), "dropped output memory was not recycled"
+    for e, t in zip(expected, third):
+        np.testing.assert_array_equal(t, e)
+    monkeypatch.setattr(pool, "MAX_BYTES", 0)
+    pool.clear()
+    refimpl.counts_conv2d(x, w, padding=1)
+    assert pool._blocks == [], "a block beyond MAX_BYTES was kept"
