@@ -77,3 +77,18 @@ def test_sign_word_equals_pack_bits_of_the_row_including_zeros_nan_and_inf():
         # The project's bit convention (pack_bits): bit k is sign(row[start + k]) = +1, i.e. >= 0.
         expected = pack_bits(row[start:start + 64] >= 0)[0]
         assert word_at(row, start) == expected
+
+
+@pytest.mark.parametrize("channels", [1, 63, 64, 65, 129])
+@pytest.mark.parametrize("size", [(1, 1), (3, 3), (3, 5), (4, 4), (1, 17), (5, 7)])
+def test_float32_pack_nchw_matches_numpy_with_zeros_nan_and_inf(channels, size):
+    # float32 takes the vector-compare path; pack_bits (NumPy) and the float64 input (the
+    # scalar kernel, an exact widening) are its independent references.
+    rng = np.random.default_rng(channels * 100 + size[1])
+    x = rng.standard_normal((3, channels) + size).astype(np.float32)
+    specials = np.array([0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf], dtype=np.float32)
+    picks = rng.random(x.shape) < 0.3
+    x[picks] = rng.choice(specials, size=int(picks.sum()))
+    expected = pack_bits(np.moveaxis(x, 1, -1))
+    assert np.array_equal(pack_nchw(x), expected)
+    assert np.array_equal(pack_nchw(x.astype(np.float64)), expected)
