@@ -9,11 +9,12 @@ One binary MAC is one bit of ``popcount(x AND w)``; MACs are counted nominally
 Rows:
 * ``torch conv2d``: ``F.conv2d`` float32, the faster of NCHW and channels_last.
 * ``kernel``: the blocked popcount GEMM alone on packed operands (``a`` only).
-* ``counts packed``: a, b, c, d from packed operands (kernel + window sums + identities).
+* ``counts packed``: a, b, c, d from packed operands (window sums, then the fused kernel: the
+  GEMM and the identities in one pass).
 * ``counts API``: ``refimpl.counts_conv2d`` from +-1 float32 NCHW, packing included, returning
-  four fresh int64 arrays (memory-bound: 32 bytes written per output, and glibc hands every
-  large fresh block back as new pages, whose faults cost more than the popcounts).
-* ``API, out=``: the same call writing into four reused arrays (``out=``), as a loop would.
+  four int64 arrays, as a loop that drops each result sees it (the memory of dropped outputs
+  is recycled: fresh pages cost more than the popcounts; 32 bytes are written per output).
+* ``API, out=``: the same call writing into four arrays from ``np.empty``, reused (``out=``).
 The popcount ceiling is measured by ``bench/popcount_peak.c`` (gcc, AVX-512 vpopcntq, L1
 resident) in the same run. Then the torch count path (bench/bench_counts_torch.py), if present.
 """

@@ -12,6 +12,11 @@ d. The GEMM runs over a zero-padded input (a 0 word adds nothing to ``popcount(x
     px[i, y, x] = sum over in-bounds taps t of popcount(input pixel under t)
     pw[o, y, x] = sum over in-bounds taps t of popcount(w[o, t])        (same for every image)
     n[y, x]     = C * (number of in-bounds taps)
+
+The blocked path (``_counts_fused``) is one pass: each thread computes ``a`` for a unit of
+work into an L2-resident stage and, between the panels of its next unit, writes the previous
+unit's a, b, c, d. Writing the four int64 outputs, 32 bytes per output position, is the
+larger part of the cost once the GEMM runs near the popcount peak (bench/bench_counts.py).
 """
 from __future__ import annotations
 
@@ -367,16 +372,19 @@ def _run_counts_fused(plan, xflat, px, pw, n, outs):
 class _OutputBlocks:
     """Recycles the memory of large count outputs that their caller has dropped.
 
-    Four int64 outputs are 32 bytes per output position: 32 MB for one 3x3 layer of a CIFAR
-    ResNet at batch 64. glibc maps such blocks fresh from the kernel and unmaps them when
+    Four int64 outputs are 32 bytes per output position: 32 MB for the 256-channel 8x8 layer
+    of a CIFAR ResNet at batch 64. glibc maps such blocks fresh from the kernel and unmaps them when
     they are freed, so a loop that calls ``counts_conv2d`` and drops the result pays a page
     fault per 4 KB of output, every call: 5-25 ms here against 2 ms of counting. A block is
     handed out again once nothing references it any more (its reference count says so: every
-    view of it, however derived, holds a reference). At most ``MAX_BYTES`` are kept.
+    view of it, however derived, holds a reference). At most ``MAX_BYTES`` are kept: room for
+    two calls' outputs of a 64-channel 32x32 layer at batch 64 (128 MB each), since
+    ``r = counts_conv2d(...)`` in a loop holds the last result while the next is computed.
+    Blocks of another size are dropped once idle; ``clear()`` drops all.
     """
 
     MIN_BYTES = 1 << 20
-    MAX_BYTES = 256 << 20
+    MAX_BYTES = 512 << 20
 
     def __init__(self):
         self._blocks: list[np.ndarray] = []  # the owners of the memory, never views
@@ -492,8 +500,9 @@ def counts_conv2d(x, w, stride=1, padding=0, dilation=1, *, kernel=None, out=Non
 
     ``x`` and ``w`` hold +-1 values (any number is binarized by ``v >= 0``) or booleans.
     Padded taps count in none of a, b, c, d. Returns four int64 arrays (N, O, Ho, Wo), written
-    into ``out`` when given (four such arrays): a loop that reuses them skips the page faults of
-    fresh memory, which cost more than the popcounts for large outputs.
+    into ``out`` when given (four such arrays; fastest when they start on 64-byte lines).
+    Fresh outputs of 1 MB+ are views of one block that is recycled once the caller has dropped
+    every view of it (``_OutputBlocks``): fresh pages cost more than the popcounts.
     """
     x, w = np.asarray(x), np.asarray(w)
     if x.ndim != 4:
