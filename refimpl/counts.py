@@ -20,6 +20,7 @@ larger part of the cost once the GEMM runs near the popcount peak (bench/bench_c
 """
 from __future__ import annotations
 
+import math
 import sys
 import threading
 
@@ -427,7 +428,7 @@ _OUTPUT_STAGGER = 40
 
 
 def _fresh_outputs(shape):
-    size = int(np.prod(shape))
+    size = math.prod(shape)
     stride = -(-(size + _OUTPUT_STAGGER) // 8) * 8
     block = _OUTPUT_BLOCKS.take(4 * stride)
     return tuple(block[k * stride:k * stride + size].reshape(shape) for k in range(4))
