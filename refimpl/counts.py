@@ -161,13 +161,15 @@ def _identity_row_intrinsic(nontemporal: bool):
         a[o0+i] = s[s0+i]            b[o0+i] = pw[w0+i] - s[s0+i]
         c[o0+i] = px[x0+i] - s[s0+i]  d[o0+i] = n[n0+i] - px[x0+i] - pw[w0+i] + s[s0+i]
 
-    for i < count, spelled as ``<8 x i64>`` IR over a's 64-byte lines: ``lead`` is how many
-    words of the first line precede a[o0]. The partial first and last lines use masked loads
-    and stores; whole lines, plain vectors (streaming stores when ``nontemporal``: the caller
-    checked that b, c and d share a's alignment). Why not Numba loops: LLVM's loop vectorizer
-    is off here (``_jit.py``), and with it on, seven arrays need more runtime alias checks than
-    it allows; and a vector that straddles two lines is two stores (a 64-channel layer ran 2x
-    slower so).
+    for i < count, spelled as ``<8 x i64>`` IR over each output's 64-byte lines: ``lead_k``
+    is how many words of output k's first line precede its element o0. Partial first and last
+    lines use masked loads and stores; whole lines, plain vectors (streaming stores when
+    ``nontemporal``). Outputs that share a lead (fresh ones do) are written in one loop;
+    otherwise (four ``np.empty`` arrays start at four different offsets) one after the other,
+    so that no vector store straddles two lines: that is two stores, and a streaming store to
+    part of a line is a partial write (the 128-channel layer ran 1.6x slower so). Not Numba
+    loops: LLVM's loop vectorizer is off here (``_jit.py``), and with it on, these arrays need
+    more runtime alias checks than it allows.
     """
     from llvmlite import ir
 
@@ -175,72 +177,85 @@ def _identity_row_intrinsic(nontemporal: bool):
     i64 = types.int64
 
     @intrinsic
-    def identity_row(typingctx, s, s0, pw, w0, px, x0, n, n0, a, b, c, d, o0, count, lead):
-        sig = types.void(arr, i64, arr, i64, arr, i64, arr, i64, arr, arr, arr, arr, i64, i64, i64)
-        if sig.args != (s, s0, pw, w0, px, x0, n, n0, a, b, c, d, o0, count, lead):
+    def identity_row(typingctx, s, s0, pw, w0, px, x0, n, n0, a, b, c, d, o0, count, lead_a, lead_b, lead_c, lead_d):
+        sig = types.void(arr, i64, arr, i64, arr, i64, arr, i64, arr, arr, arr, arr, i64, i64, i64, i64, i64, i64)
+        if sig.args != (s, s0, pw, w0, px, x0, n, n0, a, b, c, d, o0, count, lead_a, lead_b, lead_c, lead_d):
             return None
 
         def codegen(context, builder, signature, args):
             word, vec = ir.IntType(64), ir.VectorType(ir.IntType(64), 8)
-            mask_type, vptr = ir.VectorType(ir.IntType(1), 8), vec.as_pointer()
+            mask_type, vptr, i32 = ir.VectorType(ir.IntType(1), 8), vec.as_pointer(), ir.IntType(32)
             module = builder.module
             # typed-pointer names (LLVM 14); newer LLVMs upgrade them to their opaque form
             masked_load = cgutils.get_or_insert_function(
-                module, ir.FunctionType(vec, [vptr, ir.IntType(32), mask_type, vec]), "llvm.masked.load.v8i64.p0v8i64")
+                module, ir.FunctionType(vec, [vptr, i32, mask_type, vec]), "llvm.masked.load.v8i64.p0v8i64")
             masked_store = cgutils.get_or_insert_function(
-                module, ir.FunctionType(ir.VoidType(), [vec, vptr, ir.IntType(32), mask_type]),
-                "llvm.masked.store.v8i64.p0v8i64")
-            streaming = module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-            lead, total = args[14], builder.add(args[14], args[13])
-
-            def line_start(value, offset):
-                # element ``offset - lead`` of the array: where the first line begins
-                data = context.make_array(arr)(context, builder, value).data
-                return builder.gep(data, [builder.sub(offset, lead)])
-
-            s_, pw_, px_, n_ = (line_start(args[k], args[k + 1]) for k in (0, 2, 4, 6))
-            outs = [line_start(args[k], args[12]) for k in (8, 9, 10, 11)]
+                module, ir.FunctionType(ir.VoidType(), [vec, vptr, i32, mask_type]), "llvm.masked.store.v8i64.p0v8i64")
+            streaming = module.add_metadata([ir.Constant(i32, 1)])
+            count = args[13]
             lanes = ir.Constant(vec, list(range(8)))
 
+            def data(k):
+                return context.make_array(arr)(context, builder, args[k]).data
+
             def splat(value):
-                one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+                one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(i32, 0))
                 return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
-                                              ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
+                                              ir.Constant(ir.VectorType(i32, 8), [0] * 8))
 
-            def line(j0, mask):
-                def at(ptr):
-                    return builder.bitcast(builder.gep(ptr, [j0]), vptr)
+            # output k: (its array, the inputs it reads, how it combines them)
+            outputs = (
+                (8, (0,), lambda v: v[0]),
+                (9, (0, 2), lambda v: builder.sub(v[2], v[0])),
+                (10, (0, 4), lambda v: builder.sub(v[4], v[0])),
+                (11, (0, 2, 4, 6), lambda v: builder.add(builder.sub(builder.sub(v[6], v[4]), v[2]), v[0])),
+            )
+            def lines_of(lead, ks):
+                # one loop over the lines that start ``lead`` words before element o0 of the
+                # outputs ks (all of which have that lead), reading each input once
+                total = builder.add(lead, count)
+                inputs = sorted({i for k in ks for i in outputs[k][1]})
+                # element ``offset - lead`` of each array: where the first line begins
+                starts = {i: builder.gep(data(i), [builder.sub(args[i + 1], lead)]) for i in inputs}
+                outs = {k: builder.gep(data(outputs[k][0]), [builder.sub(args[12], lead)]) for k in ks}
+                n_lines = builder.lshr(builder.add(total, ir.Constant(word, 7)), ir.Constant(word, 3))
+                with cgutils.for_range(builder, n_lines) as loop:
+                    j0 = builder.mul(loop.index, ir.Constant(word, 8))
 
-                if mask is None:
-                    sv, wv, xv, nv = (builder.load(at(p), align=8) for p in (s_, pw_, px_, n_))
-                else:
-                    zero = ir.Constant(vec, [0] * 8)
-                    sv, wv, xv, nv = (builder.call(masked_load, [at(p), ir.Constant(ir.IntType(32), 8), mask, zero])
-                                      for p in (s_, pw_, px_, n_))
-                values = (sv, builder.sub(wv, sv), builder.sub(xv, sv),
-                          builder.add(builder.sub(builder.sub(nv, xv), wv), sv))
-                for ptr, value in zip(outs, values):
-                    if mask is None:
-                        # streaming stores need aligned vectors; the caller checked that
-                        # all four arrays share a line offset then
-                        store = builder.store(value, at(ptr), align=64 if nontemporal else 8)
-                        if nontemporal:
-                            store.set_metadata("nontemporal", streaming)
-                    else:
-                        builder.call(masked_store, [value, at(ptr), ir.Constant(ir.IntType(32), 8), mask])
+                    def at(ptr):
+                        return builder.bitcast(builder.gep(ptr, [j0]), vptr)
 
-            n_lines = builder.lshr(builder.add(total, ir.Constant(word, 7)), ir.Constant(word, 3))
-            with cgutils.for_range(builder, n_lines) as loop:
-                j0 = builder.mul(loop.index, ir.Constant(word, 8))
-                whole = builder.and_(builder.icmp_signed(">=", j0, lead),
-                                     builder.icmp_signed("<=", builder.add(j0, ir.Constant(word, 8)), total))
-                with builder.if_else(whole) as (then, otherwise):
-                    with then:
-                        line(j0, None)
-                    with otherwise:
-                        j = builder.add(lanes, splat(j0))
-                        line(j0, builder.and_(builder.icmp_signed(">=", j, splat(lead)),
-                                              builder.icmp_signed("<", j, splat(total))))
+                    whole = builder.and_(builder.icmp_signed(">=", j0, lead),
+                                         builder.icmp_signed("<=", builder.add(j0, ir.Constant(word, 8)), total))
+                    with builder.if_else(whole) as (then, otherwise):
+                        with then:
+                            values = {i: builder.load(at(p), align=8) for i, p in starts.items()}
+                            for k in ks:
+                                # a whole line starts on 64 bytes (streaming needs it said: LLVM
+                                # splits an under-aligned streaming vector into eight movnti)
+                                store = builder.store(outputs[k][2](values), at(outs[k]), align=64 if nontemporal else 8)
+                                if nontemporal:
+                                    store.set_metadata("nontemporal", streaming)
+                        with otherwise:
+                            j = builder.add(lanes, splat(j0))
+                            mask = builder.and_(builder.icmp_signed(">=", j, splat(lead)),
+                                                builder.icmp_signed("<", j, splat(total)))
+                            zero = ir.Constant(vec, [0] * 8)
+                            values = {i: builder.call(masked_load, [at(p), ir.Constant(i32, 8), mask, zero])
+                                      for i, p in starts.items()}
+                            for k in ks:
+                                builder.call(masked_store, [outputs[k][2](values), at(outs[k]), ir.Constant(i32, 8), mask])
+
+            leads = args[14:18]
+            shared = builder.and_(builder.and_(builder.icmp_signed("==", leads[0], leads[1]),
+                                               builder.icmp_signed("==", leads[0], leads[2])),
+                                  builder.icmp_signed("==", leads[0], leads[3]))
+            with builder.if_else(shared) as (then, otherwise):
+                with then:  # one loop for all four (fresh outputs, or arrays at one offset)
+                    lines_of(leads[0], (0, 1, 2, 3))
+                with otherwise:
+                    for k in range(4):
+                        lines_of(leads[k], (k,))
             return context.get_dummy_value()
 
         return sig, codegen
@@ -265,19 +280,21 @@ def _store_fence(typingctx):
 
 
 @jit
-def _finish_rows(stage, ld, r0, r1, img, o0, p0, p1, positions, n_out, px, pw, n, a, b, c, d, a_mis, stream):
+def _finish_rows(stage, ld, r0, r1, img, o0, p0, p1, positions, n_out, px, pw, n, a, b, c, d, misaligned, stream):
     # Stage rows r0..r1 hold ``a`` of channels o0+r, positions p0..p1 of image img; write
-    # a, b, c, d there (a_mis: a's address in words, mod 8).
+    # a, b, c, d there (misaligned[k]: output k's address in words, mod 8).
     npos = p1 - p0
     xo = img * positions + p0
     for r in range(r0, r1):
         o = o0 + r
         oo = (img * n_out + o) * positions + p0
-        lead = (a_mis + oo) % 8
+        la, lb, lc, ld_ = ((misaligned[0] + oo) % 8, (misaligned[1] + oo) % 8, (misaligned[2] + oo) % 8,
+                           (misaligned[3] + oo) % 8)
         if stream:
-            _identity_row_streamed(stage, r * ld, pw, o * positions + p0, px, xo, n, p0, a, b, c, d, oo, npos, lead)
+            _identity_row_streamed(stage, r * ld, pw, o * positions + p0, px, xo, n, p0, a, b, c, d, oo, npos,
+                                   la, lb, lc, ld_)
         else:
-            _identity_row(stage, r * ld, pw, o * positions + p0, px, xo, n, p0, a, b, c, d, oo, npos, lead)
+            _identity_row(stage, r * ld, pw, o * positions + p0, px, xo, n, p0, a, b, c, d, oo, npos, la, lb, lc, ld_)
 
 
 _GATHER = getattr(_tiles, blocked.gather_function_name(TILE_PIXELS))
@@ -286,7 +303,7 @@ _PANEL = getattr(_tiles, blocked.panel_function_name(TILE_PIXELS, TILE_CHANNELS)
 
 @jit(parallel=True)
 def _counts_fused(xflat, wflat, k_words, taps_off, bases, n_out, positions, chunk, group_panels, workers, xscratch,
-                  stages, px, pw, n, a, b, c, d, a_mis, stream):
+                  stages, px, pw, n, a, b, c, d, misaligned, stream):
     # One pass for a, b, c, d (all flat, N*O*positions). Units of work are (image, chunk of
     # positions, group of panels); each thread takes a contiguous run of units. A unit's
     # popcount GEMM goes to an L2-resident stage, and the identities of the thread's previous
@@ -330,11 +347,11 @@ def _counts_fused(xflat, wflat, k_words, taps_off, bases, n_out, positions, chun
                         target = step * q_rows // n_steps
                         if target > q_done:
                             _finish_rows(previous, ld, q_done, target, q_img, q_o0, q_p0, q_p1, positions, n_out,
-                                         px, pw, n, a, b, c, d, a_mis, stream)
+                                         px, pw, n, a, b, c, d, misaligned, stream)
                             q_done = target
             if q_done < q_rows:
                 _finish_rows(previous, ld, q_done, q_rows, q_img, q_o0, q_p0, q_p1, positions, n_out,
-                             px, pw, n, a, b, c, d, a_mis, stream)
+                             px, pw, n, a, b, c, d, misaligned, stream)
             q_img, q_o0, q_p0, q_p1 = img, panel0 * 8, p0, p1
             q_rows = min(n_out, panel1 * 8) - q_o0 if u < u1 else 0
             q_done = 0
@@ -363,13 +380,12 @@ def _run_counts_fused(plan, xflat, px, pw, n, outs):
     ld = -(-chunk // TILE_PIXELS) * TILE_PIXELS
     stages = np.empty((numba.config.NUMBA_NUM_THREADS, 2, group_panels * TILE_CHANNELS * ld), dtype=np.int64)
     flats = [t.reshape(-1) for t in outs]
-    # Streaming only when b, c and d share a's alignment: every line is then written whole,
-    # either by streaming vectors or by plain stores (a line shared by two rows' ends).
-    lines = [_address(t) % 64 for t in flats]
-    a_mis = lines[0] // 8
-    stream = flats[0].nbytes >= STREAM_MIN_BYTES and lines == [lines[0]] * 4 and lines[0] % 8 == 0
+    addresses = [_address(t) for t in flats]
+    misaligned = np.array([address % 64 // 8 for address in addresses], dtype=np.int64)
+    # Streaming stores only write whole lines (each output's rows are split at its own lines).
+    stream = flats[0].nbytes >= STREAM_MIN_BYTES and all(address % 8 == 0 for address in addresses)
     _counts_fused(xflat, plan.panels, plan.k_words, plan.taps_off, plan.bases, plan.n_out, positions, chunk,
-                  group_panels, workers, plan.xscratch, stages, px.reshape(-1), pw.reshape(-1), n, *flats, a_mis,
+                  group_panels, workers, plan.xscratch, stages, px.reshape(-1), pw.reshape(-1), n, *flats, misaligned,
                   stream)
 
 
