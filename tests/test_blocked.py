@@ -92,6 +92,7 @@ def _offset_outputs(shape, word_offsets):
         (2, 64, 9, 16, 256),  # stage for 16 positions: 81 positions in 6 chunks, the last partial
         (1, 130, 5, 40, 16384),  # batch 1: the panels split into groups
         (5, 3, 4, 8, 64),  # one panel, 16-position tiles = whole 4x4 images
+        (2, 64, 9, 16, 16384),  # rows of 81 positions: at different offsets, one loop per output
         (6, 65, 2, 9, 16384),  # 2x2 maps: tiles across images, identities in a second pass
         (7, 64, 1, 8, 16384),  # 1x1 maps (a dense layer): the same
     ],
