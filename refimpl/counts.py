@@ -484,6 +484,9 @@ def counts_conv2d_packed(xp, wp, in_channels: int, stride=1, padding=0, dilation
     ``kernel``: ``"blocked"`` (default, the fast GEMM) or ``"simple"`` (one popcount per word
     pair, the readable reference). Returns int64 a, b, c, d of shape (N, O, Ho, Wo).
     """
+    kernel = kernel or "blocked"
+    if kernel not in ("blocked", "simple"):
+        raise ValueError(f"unknown kernel {kernel!r}; valid kernels are 'blocked' and 'simple'")
     stride, padding, dilation = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
     n_img, h, w, k_words = xp.shape
     n_out, kh, kw, k_words_w = wp.shape
@@ -512,9 +515,6 @@ def counts_conv2d_packed(xp, wp, in_channels: int, stride=1, padding=0, dilation
     _window_sums(np.ones((1, h, w), dtype=np.int64), kh, kw, stride, padding, dilation, out_h, out_w, taps)
     n = taps.reshape(-1) * in_channels
 
-    kernel = kernel or "blocked"
-    if kernel not in ("blocked", "simple"):
-        raise ValueError(f"unknown kernel {kernel!r}; valid kernels are 'blocked' and 'simple'")
     a, b, c, d = _outputs(out, (n_img, n_out, out_h, out_w))
     px, pw = px.reshape(n_img, -1), pw.reshape(n_out, -1)
     flat = [t.reshape(n_img, n_out, out_h * out_w) for t in (a, b, c, d)]
