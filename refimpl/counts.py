@@ -20,6 +20,7 @@ larger part of the cost once the GEMM runs near the popcount peak (bench/bench_c
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import threading
@@ -71,17 +72,6 @@ def _pair(value, name: str) -> tuple[int, int]:
 # --------------------------------------------------------------------------------------------
 # Window sums over in-bounds taps (px, pw, n)
 # --------------------------------------------------------------------------------------------
-@jit(parallel=True)
-def _popcount_words(words, out):
-    # words (R, K) -> out (R,): popcount of each row.
-    rows, k_words = words.shape
-    for r in prange(rows):
-        total = 0
-        for k in range(k_words):
-            total += popcount(words[r, k])
-        out[r] = total
-
-
 @jit
 def tap_range(out_pos, stride, padding, dilation, kernel, size):
     """Taps [t0, t1) of one kernel axis that land inside the input at output position out_pos.
@@ -105,6 +95,62 @@ def _tap_ranges(n_pos, stride, padding, dilation, kernel, size):
     return ranges
 
 
+@functools.lru_cache(maxsize=32)
+def _in_bounds_taps(h, w, kh, kw, stride, padding, dilation):
+    """(ys, xs, taps) of a geometry: the in-bounds tap range of each output row and column,
+    (Ho, 2) and (Wo, 2), and the number of in-bounds taps of each output position, (Ho*Wo,).
+    Geometry only, so cached (shared arrays: nothing may write to them)."""
+    out_h = conv_output_size(h, kh, stride[0], padding[0], dilation[0])
+    out_w = conv_output_size(w, kw, stride[1], padding[1], dilation[1])
+    ys = _tap_ranges(out_h, stride[0], padding[0], dilation[0], kh, h)
+    xs = _tap_ranges(out_w, stride[1], padding[1], dilation[1], kw, w)
+    taps = ((ys[:, 1] - ys[:, 0])[:, None] * (xs[:, 1] - xs[:, 0])[None, :]).reshape(-1)
+    return ys, xs, taps
+
+
+@jit
+def _window_sum_image(pix, ys, xs, stride, padding, dilation, out):
+    # pix (H, W) per-pixel values of one image -> out (Ho, Wo): sums over the in-bounds taps.
+    out_h, out_w = out.shape
+    for oy in range(out_h):
+        for ox in range(out_w):
+            total = 0
+            for ty in range(ys[oy, 0], ys[oy, 1]):
+                y = oy * stride[0] - padding[0] + ty * dilation[0]
+                for tx in range(xs[ox, 0], xs[ox, 1]):
+                    total += pix[y, ox * stride[1] - padding[1] + tx * dilation[1]]
+            out[oy, ox] = total
+
+
+@jit
+def _window_sum_filter(taps, ys, xs, out):
+    # taps (KH, KW) per-tap values of one filter -> out (Ho, Wo): sums over the in-bounds taps,
+    # from 2-D prefix sums (every window sum is then four lookups).
+    kh, kw = taps.shape
+    out_h, out_w = out.shape
+    sums = np.zeros((kh + 1, kw + 1), dtype=np.int64)
+    for ty in range(kh):
+        for tx in range(kw):
+            sums[ty + 1, tx + 1] = taps[ty, tx] + sums[ty, tx + 1] + sums[ty + 1, tx] - sums[ty, tx]
+    for oy in range(out_h):
+        y0, y1 = ys[oy, 0], ys[oy, 1]
+        for ox in range(out_w):
+            x0, x1 = xs[ox, 0], xs[ox, 1]
+            out[oy, ox] = sums[y1, x1] - sums[y0, x1] - sums[y1, x0] + sums[y0, x0]
+
+
+@jit
+def _word_popcounts(words, out):
+    # words (..., K) -> out (...): popcount of each row of K words
+    flat, k_words = words.reshape(-1, words.shape[-1]), words.shape[-1]
+    dst = out.reshape(-1)
+    for r in range(flat.shape[0]):
+        total = 0
+        for k in range(k_words):
+            total += popcount(flat[r, k])
+        dst[r] = total
+
+
 @jit(parallel=True)
 def _window_sums(pix, kh, kw, stride, padding, dilation, out_h, out_w, out):
     # pix (I, H, W) per-pixel values -> out (I, Ho, Wo): sums over the in-bounds taps.
@@ -112,14 +158,7 @@ def _window_sums(pix, kh, kw, stride, padding, dilation, out_h, out_w, out):
     ys = _tap_ranges(out_h, stride[0], padding[0], dilation[0], kh, h)
     xs = _tap_ranges(out_w, stride[1], padding[1], dilation[1], kw, w)
     for i in prange(n_img):
-        for oy in range(out_h):
-            for ox in range(out_w):
-                total = 0
-                for ty in range(ys[oy, 0], ys[oy, 1]):
-                    y = oy * stride[0] - padding[0] + ty * dilation[0]
-                    for tx in range(xs[ox, 0], xs[ox, 1]):
-                        total += pix[i, y, ox * stride[1] - padding[1] + tx * dilation[1]]
-                out[i, oy, ox] = total
+        _window_sum_image(pix[i], ys, xs, stride, padding, dilation, out[i])
 
 
 @jit(parallel=True)
@@ -129,16 +168,25 @@ def _weight_window_sums(wtaps, h, w, stride, padding, dilation, out_h, out_w, ou
     ys = _tap_ranges(out_h, stride[0], padding[0], dilation[0], kh, h)
     xs = _tap_ranges(out_w, stride[1], padding[1], dilation[1], kw, w)
     for o in prange(n_out):
-        # 2-D prefix sums of the filter's taps: each window sum is then four lookups
-        sums = np.zeros((kh + 1, kw + 1), dtype=np.int64)
-        for ty in range(kh):
-            for tx in range(kw):
-                sums[ty + 1, tx + 1] = wtaps[o, ty, tx] + sums[ty, tx + 1] + sums[ty + 1, tx] - sums[ty, tx]
-        for oy in range(out_h):
-            y0, y1 = ys[oy, 0], ys[oy, 1]
-            for ox in range(out_w):
-                x0, x1 = xs[ox, 0], xs[ox, 1]
-                out[o, oy, ox] = sums[y1, x1] - sums[y0, x1] - sums[y1, x0] + sums[y0, x0]
+        _window_sum_filter(wtaps[o], ys, xs, out[o])
+
+
+@jit(parallel=True)
+def _in_bounds_sums(xwords, wwords, ys, xs, stride, padding, dilation, px, pw):
+    # px and pw of SPEC section 1 from packed words in one parallel region (the counts API
+    # called four before: their start-ups were a visible share of a 2 ms call).
+    # xwords (N, H, W, K), wwords (O, KH, KW, K) -> px (N, Ho, Wo), pw (O, Ho, Wo).
+    n_img, h, w, _ = xwords.shape
+    n_out, kh, kw, _ = wwords.shape
+    for item in prange(n_img + n_out):
+        if item < n_img:
+            pix = np.empty((h, w), dtype=np.int64)
+            _word_popcounts(xwords[item], pix)
+            _window_sum_image(pix, ys, xs, stride, padding, dilation, px[item])
+        else:
+            taps = np.empty((kh, kw), dtype=np.int64)
+            _word_popcounts(wwords[item - n_img], taps)
+            _window_sum_filter(taps, ys, xs, pw[item - n_img])
 
 
 @jit(parallel=True)
@@ -503,17 +551,11 @@ def counts_conv2d_packed(xp, wp, in_channels: int, stride=1, padding=0, dilation
     wp = np.ascontiguousarray(wp, dtype=np.uint64)
 
     # px, pw, n over in-bounds taps only (see the module docstring).
-    px_pix = np.empty(n_img * h * w, dtype=np.int64)
-    _popcount_words(xp.reshape(-1, k_words), px_pix)
+    ys, xs, taps = _in_bounds_taps(h, w, kh, kw, stride, padding, dilation)
     px = np.empty((n_img, out_h, out_w), dtype=np.int64)
-    _window_sums(px_pix.reshape(n_img, h, w), kh, kw, stride, padding, dilation, out_h, out_w, px)
-    wtaps = np.empty(n_out * kh * kw, dtype=np.int64)
-    _popcount_words(wp.reshape(-1, k_words), wtaps)
     pw = np.empty((n_out, out_h, out_w), dtype=np.int64)
-    _weight_window_sums(wtaps.reshape(n_out, kh, kw), h, w, stride, padding, dilation, out_h, out_w, pw)
-    taps = np.empty((1, out_h, out_w), dtype=np.int64)
-    _window_sums(np.ones((1, h, w), dtype=np.int64), kh, kw, stride, padding, dilation, out_h, out_w, taps)
-    n = taps.reshape(-1) * in_channels
+    _in_bounds_sums(xp, wp, ys, xs, stride, padding, dilation, px, pw)
+    n = taps * in_channels
 
     a, b, c, d = _outputs(out, (n_img, n_out, out_h, out_w))
     px, pw = px.reshape(n_img, -1), pw.reshape(n_out, -1)
