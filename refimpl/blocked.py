@@ -335,6 +335,11 @@ def pad_input(xp: np.ndarray, padding) -> np.ndarray:
     return out.reshape(-1)
 
 
+def _ints(pair) -> tuple[int, ...]:
+    # a hashable key of plain ints, whatever integer type the caller's pair holds
+    return tuple(int(v) for v in pair)
+
+
 @functools.lru_cache(maxsize=16)
 def _window_layout(n_img, h, w, kh, kw, stride, padding, dilation, buffer_padding, k_words):
     # (bases, taps_off) of ConvPlan: geometry only, so cached. The counts API builds a plan on
@@ -377,11 +382,8 @@ class ConvPlan:
         self.out_w = conv_output_size(w, kw, stride[1], padding[1], dilation[1])
         P, Q = TILE_PIXELS, TILE_CHANNELS
         self.panels = weight_panels(wp, Q)
-        def ints(pair):
-            return tuple(int(v) for v in pair)
-
-        self.bases, self.taps_off = _window_layout(int(n_img), int(h), int(w), kh, kw, ints(stride), ints(padding),
-                                                   ints(dilation), ints(self.buffer_padding), self.k_words)
+        self.bases, self.taps_off = _window_layout(int(n_img), int(h), int(w), kh, kw, _ints(stride), _ints(padding),
+                                                   _ints(dilation), _ints(self.buffer_padding), self.k_words)
         threads = numba.config.NUMBA_NUM_THREADS
         self.xscratch = np.empty((threads, kh * kw * self.k_words * P), dtype=np.uint64)
         # The edge tiles' block: (Q, P) accumulators for nhwc, a flat int64 panel for nchw.
