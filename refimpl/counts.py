@@ -153,16 +153,6 @@ def _word_popcounts(words, out):
 
 
 @jit(parallel=True)
-def _window_sums(pix, kh, kw, stride, padding, dilation, out_h, out_w, out):
-    # pix (I, H, W) per-pixel values -> out (I, Ho, Wo): sums over the in-bounds taps.
-    n_img, h, w = pix.shape
-    ys = _tap_ranges(out_h, stride[0], padding[0], dilation[0], kh, h)
-    xs = _tap_ranges(out_w, stride[1], padding[1], dilation[1], kw, w)
-    for i in prange(n_img):
-        _window_sum_image(pix[i], ys, xs, stride, padding, dilation, out[i])
-
-
-@jit(parallel=True)
 def _weight_window_sums(wtaps, h, w, stride, padding, dilation, out_h, out_w, out):
     # wtaps (O, KH, KW): popcount of each filter tap; out (O, Ho, Wo): sum over in-bounds taps.
     n_out, kh, kw = wtaps.shape

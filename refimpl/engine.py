@@ -51,7 +51,7 @@ from ._jit import jit
 from . import _tiles
 from .bits import WORD_BITS, n_words, popcount, sign_word
 from .codegen import STEM_TILE as STEM_SHAPE
-from .counts import _weight_window_sums, _window_sums, conv_output_size
+from .counts import _in_bounds_taps, _weight_window_sums, conv_output_size
 from .genome import Genome
 
 STEM_PIXELS, STEM_CHANNELS = STEM_SHAPE
@@ -575,10 +575,9 @@ class _ConvCounts:
         geo = (conv.stride, conv.padding, conv.dilation, out_h, out_w)
         pw = np.empty((conv.out_channels, out_h, out_w), dtype=np.int64)
         _weight_window_sums(conv.taps, h, w, *geo, pw)
-        taps = np.empty((1, out_h, out_w), dtype=np.int64)
-        _window_sums(np.ones((1, h, w), dtype=np.int64), kh, kw, *geo, taps)
+        _, _, taps = _in_bounds_taps(h, w, kh, kw, conv.stride, conv.padding, conv.dilation)
         self.pw = pw.reshape(conv.out_channels, -1)
-        self.n = taps.reshape(-1) * conv.in_channels
+        self.n = taps * conv.in_channels
         # The epilogue's float32 forms (exact: integers below 2**24), channels last (P, O).
         self.pw_f = np.ascontiguousarray(self.pw.T, dtype=np.float32)
         self.npw_f = np.ascontiguousarray((self.n[None, :] - self.pw).T, dtype=np.float32)
