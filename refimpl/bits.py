@@ -14,6 +14,7 @@ import numpy as np
 from numba import prange, types
 from numba.extending import intrinsic
 
+from . import _pack
 from ._jit import jit
 
 WORD_BITS = 64
@@ -107,45 +108,54 @@ def unpack_bits(words, length: int) -> np.ndarray:
 
 @jit(parallel=True)
 def _pack_nchw_kernel(x, out):
-    # x (N, C, P) with P = H*W; out (N, P, K). One task per (image, word). Eight neighbouring
-    # pixels are packed at once in eight named words: their channel values are contiguous loads,
-    # so SLP turns the compare-shift-or into vector code. Channels past C stay 0 (tail bits).
+    # x (N, C, P) with P = H*W, C-contiguous; out (N, P, K). One task per (image, word); channels
+    # past C stay 0 (tail bits). Pixels go in steps of the widest of _pack.LANES that fits; when
+    # it does not divide P, the last step overlaps the one before (those words are written twice,
+    # identically).
     n_img, channels, pixels = x.shape
     k_words = out.shape[2]
+    flat = x.reshape(-1)
     for task in prange(n_img * k_words):
         i = task // k_words
         k = task - i * k_words
         c0 = 64 * k
         c1 = min(channels, c0 + 64)
-        p = 0
-        while p + 8 <= pixels:
-            w0 = w1 = w2 = w3 = w4 = w5 = w6 = w7 = np.uint64(0)
-            for ch in range(c0, c1):
-                shift = np.uint64(ch - c0)
-                row = x[i, ch]
-                w0 |= np.uint64(row[p] >= 0) << shift
-                w1 |= np.uint64(row[p + 1] >= 0) << shift
-                w2 |= np.uint64(row[p + 2] >= 0) << shift
-                w3 |= np.uint64(row[p + 3] >= 0) << shift
-                w4 |= np.uint64(row[p + 4] >= 0) << shift
-                w5 |= np.uint64(row[p + 5] >= 0) << shift
-                w6 |= np.uint64(row[p + 6] >= 0) << shift
-                w7 |= np.uint64(row[p + 7] >= 0) << shift
-            out[i, p, k] = w0
-            out[i, p + 1, k] = w1
-            out[i, p + 2, k] = w2
-            out[i, p + 3, k] = w3
-            out[i, p + 4, k] = w4
-            out[i, p + 5, k] = w5
-            out[i, p + 6, k] = w6
-            out[i, p + 7, k] = w7
-            p += 8
-        while p < pixels:
+        if pixels >= 64:
+            for step in range(-(-pixels // 64)):
+                _pack.pack_64(x[i], min(64 * step, pixels - 64), c0, c1, out[i], k)
+        elif pixels >= 32:
+            for step in range(-(-pixels // 32)):
+                _pack.pack_32(x[i], min(32 * step, pixels - 32), c0, c1, out[i], k)
+        elif pixels >= 16:
+            for step in range(-(-pixels // 16)):
+                _pack.pack_16(x[i], min(16 * step, pixels - 16), c0, c1, out[i], k)
+        elif pixels > 1:
+            _pack.pack_short_16(flat, i * channels * pixels, pixels, c0, c1, out[i], k)
+        else:  # one pixel: a scalar loop beats 16 lanes with 1 used (float32 has _pack_rows_f32)
             word = np.uint64(0)
             for ch in range(c0, c1):
-                word |= np.uint64(x[i, ch, p] >= 0) << np.uint64(ch - c0)
-            out[i, p, k] = word
-            p += 1
+                word |= np.uint64(x[i, ch, 0] >= 0) << np.uint64(ch - c0)
+            out[i, 0, k] = word
+
+
+@jit(parallel=True)
+def _pack_rows_f32(x, out):
+    # x (N, C) float32, C-contiguous; out (N, K): channels are contiguous here (dense layers,
+    # 1x1 maps), so a whole word is four 16-lane compares (sign_word).
+    n_img, channels = x.shape
+    k_words = out.shape[1]
+    for task in prange(n_img * k_words):
+        i = task // k_words
+        k = task - i * k_words
+        c0 = 64 * k
+        c1 = min(channels, c0 + 64)
+        if c1 - c0 == 64:
+            out[i, k] = sign_word(x[i], c0)
+        else:
+            word = np.uint64(0)
+            for ch in range(c0, c1):
+                word |= np.uint64(x[i, ch] >= 0) << np.uint64(ch - c0)
+            out[i, k] = word
 
 
 def pack_nchw(x) -> np.ndarray:
@@ -159,5 +169,8 @@ def pack_nchw(x) -> np.ndarray:
     elif not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
         raise ValueError(f"cannot binarize an array of dtype {x.dtype}; give numbers or booleans")
     out = np.empty((n_img, h * w, n_words(channels)), dtype=WORD_DTYPE)
-    _pack_nchw_kernel(np.ascontiguousarray(x).reshape(n_img, channels, h * w), out)
+    if h * w == 1 and x.dtype == np.float32:
+        _pack_rows_f32(np.ascontiguousarray(x).reshape(n_img, channels), out.reshape(n_img, -1))
+    else:
+        _pack_nchw_kernel(np.ascontiguousarray(x).reshape(n_img, channels, h * w), out)
     return out.reshape(n_img, h, w, -1)

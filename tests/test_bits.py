@@ -44,9 +44,10 @@ def test_bit_order_is_least_significant_first():
 
 
 @pytest.mark.parametrize("channels", WIDTHS)
-def test_pack_nchw_equals_pack_bits_of_moved_axis(channels):
+@pytest.mark.parametrize("size", [(3, 5), (8, 8), (5, 17)])  # P below 16 lanes, exactly 64, 64 + 21
+def test_pack_nchw_equals_pack_bits_of_moved_axis(channels, size):
     rng = np.random.default_rng(channels)
-    x = rng.choice([-1.0, 0.0, 1.0], size=(2, channels, 3, 5)).astype(np.float32)
+    x = rng.choice([-1.0, 0.0, 1.0], size=(2, channels) + size).astype(np.float32)
     expected = pack_bits(np.moveaxis(x, 1, -1))
     assert np.array_equal(pack_nchw(x), expected)
     assert np.array_equal(pack_nchw(x >= 0), expected)
@@ -80,10 +81,12 @@ def test_sign_word_equals_pack_bits_of_the_row_including_zeros_nan_and_inf():
 
 
 @pytest.mark.parametrize("channels", [1, 63, 64, 65, 129])
-@pytest.mark.parametrize("size", [(1, 1), (3, 3), (3, 5), (4, 4), (1, 17), (5, 7)])
+@pytest.mark.parametrize("size", [(1, 1), (3, 3), (3, 5), (4, 4), (1, 17), (5, 7), (8, 8), (9, 9), (5, 17)])
 def test_float32_pack_nchw_matches_numpy_with_zeros_nan_and_inf(channels, size):
-    # float32 takes the vector-compare path; pack_bits (NumPy) and the float64 input (the
-    # scalar kernel, an exact widening) are its independent references.
+    # The sizes take every packing step: one pixel (sign_word for float32, a scalar loop for
+    # float64), rows shorter than 16 read 16 wide, 16, 32 and 64 pixels a step, and a last step
+    # that overlaps the one before. pack_bits (NumPy) is the independent reference; the float64
+    # input (an exact widening) must give the same words.
     rng = np.random.default_rng(channels * 100 + size[1])
     x = rng.standard_normal((3, channels) + size).astype(np.float32)
     specials = np.array([0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf], dtype=np.float32)
