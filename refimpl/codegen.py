@@ -170,6 +170,10 @@ def _or_bit(word: str, value: str) -> str:
     return f"{word} |= bit if {value} >= 0 else z"
 
 
+def _zero_words(lanes: int) -> list[str]:
+    return ["    z = np.uint64(0)", "    " + " = ".join(f"w{j}" for j in range(lanes)) + " = z"]
+
+
 def pack_source(lanes: int) -> list[str]:
     """``pack_{lanes}``: word k (channels c0..c1-1) of the ``lanes`` pixels from p of one image.
 
@@ -183,8 +187,7 @@ def pack_source(lanes: int) -> list[str]:
         "@jit",
         f"def pack_{L}(xi, p, c0, c1, outi, k):",
         f"    # xi (C, P) one image, P >= p + {L}; outi (P, K) its words.",
-        "    z = np.uint64(0)",
-        "    " + " = ".join(f"w{j}" for j in range(L)) + " = z",
+        *_zero_words(L),
         "    q = np.uint64(p)",
         "    for ch in range(c0, c1):",
         "        bit = np.uint64(1) << np.uint64(ch - c0)",
@@ -206,8 +209,7 @@ def pack_short_source(lanes: int) -> list[str]:
         "@jit",
         f"def pack_short_{L}(flat, base, pixels, c0, c1, outi, k):",
         f"    # flat: the whole (N, C, P) input, image from base; pixels < {L}; outi (P, K).",
-        "    z = np.uint64(0)",
-        "    " + " = ".join(f"w{j}" for j in range(L)) + " = z",
+        *_zero_words(L),
         "    ch = c0",
         "    start = np.uint64(base + c0 * pixels)",
         f"    while ch < c1 and start + np.uint64({L}) <= np.uint64(flat.shape[0]):",
