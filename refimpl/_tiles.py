@@ -511,10 +511,11 @@ def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, firs
     else:
         for p in range(16):
             total = 0
+            base = np.uint64(bases[first + p])
             for t in range(n_taps):
-                src = bases[first + p] + taps_off[t]
-                dst = (p * n_taps + t) * k_words
-                for k in range(k_words):
+                src = base + np.uint64(taps_off[t])
+                dst = np.uint64((p * n_taps + t) * k_words)
+                for k in range(np.uint64(k_words)):
                     word = xflat[src + k]
                     xt[dst + k] = word
                     total += popcount(word)
