@@ -77,7 +77,7 @@ def _package_locator(base):
 
 
 def _install_package_locators():
-    # Numba >= 0.61 names these without the leading underscore
+    # recent Numba names these without a leading underscore, older ones with it
     impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl
     if any(getattr(cls, "__qualname__", "").startswith("_package_locator") for cls in impl._locator_classes):
         return

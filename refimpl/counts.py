@@ -153,11 +153,10 @@ def _word_popcounts(words, out):
 
 
 @jit(parallel=True)
-def _weight_window_sums(wtaps, h, w, stride, padding, dilation, out_h, out_w, out):
-    # wtaps (O, KH, KW): popcount of each filter tap; out (O, Ho, Wo): sum over in-bounds taps.
+def _weight_window_sums(wtaps, ys, xs, out):
+    # wtaps (O, KH, KW): popcount of each filter tap; out (O, Ho, Wo): sum over in-bounds taps
+    # (ys, xs: the tap ranges of _in_bounds_taps).
     n_out, kh, kw = wtaps.shape
-    ys = _tap_ranges(out_h, stride[0], padding[0], dilation[0], kh, h)
-    xs = _tap_ranges(out_w, stride[1], padding[1], dilation[1], kw, w)
     for o in prange(n_out):
         _window_sum_filter(wtaps[o], ys, xs, np.empty((kh + 1, kw + 1), dtype=np.int64), out[o])
 

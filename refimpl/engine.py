@@ -45,13 +45,11 @@ import numba
 import numpy as np
 from numba import prange
 
-from . import _jit, blocked, epilogue
+from . import _jit, _tiles, blocked, epilogue
 from ._fma import fma32
-from ._jit import jit
-from . import _tiles
-from .bits import WORD_BITS, n_words, popcount, sign_word
+from .bits import WORD_BITS, n_words, sign_word
 from .codegen import STEM_TILE as STEM_SHAPE
-from .counts import _in_bounds_taps, _weight_window_sums, conv_output_size
+from .counts import _in_bounds_taps, _weight_window_sums, _word_popcounts, conv_output_size
 from .genome import Genome
 
 STEM_PIXELS, STEM_CHANNELS = STEM_SHAPE
@@ -389,18 +387,9 @@ def load(path: str) -> Model:
 # ----------------------------------------------------------------------------------------------
 # Kernels (small, generic; the measure-specific epilogue is generated in refimpl/epilogue.py)
 # ----------------------------------------------------------------------------------------------
-@jit
-def _popcounts_kernel(words, out):
-    for r in range(words.shape[0]):
-        total = 0
-        for k in range(words.shape[1]):
-            total += popcount(words[r, k])
-        out[r] = total
-
-
 def _popcounts(words: np.ndarray) -> np.ndarray:
     out = np.empty(words.shape[0], dtype=np.int64)
-    _popcounts_kernel(np.ascontiguousarray(words), out)
+    _word_popcounts(np.ascontiguousarray(words), out)
     return out
 
 
@@ -572,10 +561,9 @@ class _ConvCounts:
             raise ValueError(f"{conv.name}: a {kh}x{kw} kernel does not fit a {h}x{w} input")
         self.conv, self.out_h, self.out_w = conv, out_h, out_w
         self.gemm = _Gemm(conv, n_img, h, w, buf_pad, out_h, out_w)
-        geo = (conv.stride, conv.padding, conv.dilation, out_h, out_w)
+        ys, xs, taps = _in_bounds_taps(h, w, kh, kw, conv.stride, conv.padding, conv.dilation)
         pw = np.empty((conv.out_channels, out_h, out_w), dtype=np.int64)
-        _weight_window_sums(conv.taps, h, w, *geo, pw)
-        _, _, taps = _in_bounds_taps(h, w, kh, kw, conv.stride, conv.padding, conv.dilation)
+        _weight_window_sums(conv.taps, ys, xs, pw)
         self.pw = pw.reshape(conv.out_channels, -1)
         self.n = taps * conv.in_channels
         # The epilogue's float32 forms (exact: integers below 2**24), channels last (P, O).
