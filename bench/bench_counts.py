@@ -1,8 +1,12 @@
 """Packed popcount counts vs torch float32 conv2d on the 3x3 layers of a CIFAR ResNet-18.
 
-    python bench/bench_counts.py [--threads T] [--batch 64] [--repeats 15]
+    python bench/bench_counts.py [--threads T] [--batch 64] [--rounds 9] [--repeats 5]
 
-Everything is measured side by side in one process at the same thread count; times are medians.
+Everything is measured side by side in one process at the same thread count, interleaved: each
+round times a block of ``--repeats`` calls (after one untimed call) of every row in turn, so that a drift of the shared
+machine's speed (torch alone moves by about 10% from run to run here) hits all rows alike. A time
+is the median over rounds of each block's median; a ratio is the median over rounds of that
+round's torch time over the row's, with the lowest and highest round after it.
 One binary MAC is one bit of ``popcount(x AND w)``; MACs are counted nominally
 (N*Ho*Wo * O * C*KH*KW, padding included), as for the float conv.
 
@@ -15,6 +19,9 @@ Rows:
   four int64 arrays, as a loop that drops each result sees it (the memory of dropped outputs
   is recycled: fresh pages cost more than the popcounts; 32 bytes are written per output).
 * ``API, out=``: the same call writing into four arrays from ``np.empty``, reused (``out=``).
+* ``outputs alone``: only the fused kernel's output stage: the identities of a zero ``a`` written
+  into the four int64 outputs with the same streaming stores, no popcounts. The API cannot be
+  faster than this plus reading its float32 operands once.
 The popcount ceiling is measured by ``bench/popcount_peak.c`` (gcc, AVX-512 vpopcntq, L1
 resident) in the same run. Then the torch count path (bench/bench_counts_torch.py), if present.
 """
@@ -39,7 +46,7 @@ sys.path.insert(0, str(HERE.parent))
 import refimpl  # noqa: E402
 from refimpl import blocked  # noqa: E402
 from refimpl.bits import pack_bits, pack_nchw  # noqa: E402
-from refimpl.counts import counts_conv2d_packed  # noqa: E402
+from refimpl.counts import _address, _finish_rows, _fresh_outputs, counts_conv2d_packed  # noqa: E402
 
 LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, spatial) of ResNet-18's 3x3 convs
 
@@ -54,14 +61,33 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def median_time(fn, repeats: int) -> float:
-    fn()  # warm: JIT, caches, allocator
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
+def interleaved_times(variants: dict, rounds: int, repeats: int) -> dict[str, np.ndarray]:
+    """Per variant, the median time of a block of ``repeats`` calls in each of ``rounds`` rounds.
+
+    Each block starts with one untimed call: it times the steady state of a loop over one call,
+    as the caches hold it, not the refill after the other variants' blocks.
+    """
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            fn()
+            block = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                fn()
+                block.append(time.perf_counter() - t)
+            times[name].append(float(np.median(block)))
+    return {name: np.array(ts) for name, ts in times.items()}
+
+
+# not cached: Numba's own cache would not see a change to refimpl's _finish_rows
+@numba.njit(parallel=True)
+def _write_outputs_only(stage, positions, n_out, px, pw, n, a, b, c, d, misaligned):
+    # every (image, channel) row through the fused kernel's own output stage, from a zero ``a``
+    ld = stage.shape[0] // n_out
+    for img in numba.prange(px.shape[0] // positions):
+        _finish_rows(stage, ld, 0, n_out, img, 0, 0, positions, positions, n_out, px, pw, n, a, b, c, d,
+                     misaligned, True)
 
 
 def popcount_peak(threads: int) -> float | None:
@@ -85,7 +111,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for numba and torch (default: all cores)")
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=9, help="rounds of interleaved blocks (default: 9)")
+    parser.add_argument("--repeats", type=int, default=5, help="calls per block (default: 5)")
     args = parser.parse_args(argv)
 
     import torch
@@ -97,8 +124,8 @@ def main(argv=None) -> int:
     print(f"# numpy {np.__version__}, numba {numba.__version__}, torch {torch.__version__}")
     peak = popcount_peak(args.threads)
     print("# popcount ceiling (bench/popcount_peak.c): " + (f"{peak:.2f} T binary MACs/s" if peak else "gcc not available"))
-    header = (f"{'layer':>14} | {'torch conv2d':>12} | {'kernel':>17} | {'counts packed':>16} | "
-              f"{'counts API':>16} | {'API, out=':>16} | {'kernel/peak':>11}")
+    header = (f"{'layer':>11} | {'torch conv2d':>12} | {'kernel':>16} | {'counts packed':>23} | "
+              f"{'counts API':>23} | {'API, out=':>23} | {'outputs alone':>13} | {'kernel/peak':>11}")
     print(header)
     print("-" * len(header))
     rng = np.random.default_rng(0)
@@ -110,28 +137,49 @@ def main(argv=None) -> int:
         xt, wt = torch.from_numpy(x), torch.from_numpy(w)
         xcl = xt.contiguous(memory_format=torch.channels_last)
         wcl = wt.contiguous(memory_format=torch.channels_last)
-        with torch.inference_mode():
-            t_torch = min(
-                median_time(lambda: F.conv2d(xt, wt, padding=1), args.repeats),
-                median_time(lambda: F.conv2d(xcl, wcl, padding=1), args.repeats),
-            )
         xp, wp = pack_nchw(x), pack_bits(np.moveaxis(w, 1, -1))
         a = np.empty((n, channels, size * size), dtype=np.int64)
-        t_kernel = median_time(lambda: blocked.popcount_conv(xp, wp, (1, 1), (1, 1), (1, 1), size, size, a), args.repeats)
-        t_packed = median_time(lambda: counts_conv2d_packed(xp, wp, channels, 1, 1, 1), args.repeats)
-        t_api = median_time(lambda: refimpl.counts_conv2d(x, w, 1, 1, 1), args.repeats)
         out = tuple(np.empty((n, channels, size, size), dtype=np.int64) for _ in range(4))
-        t_out = median_time(lambda: refimpl.counts_conv2d(x, w, 1, 1, 1, out=out), args.repeats)
-        tera = lambda t: macs / t / 1e12  # noqa: E731
-        ratio = lambda t: t_torch / t  # noqa: E731
-        peak_share = f"{tera(t_kernel) / peak:.0%}" if peak else "n/a"
+        positions = size * size
+        ld = -(-positions // 16) * 16
+        stage = np.zeros(channels * ld, dtype=np.int64)
+        zeros_x = np.zeros(n * positions, dtype=np.int64)
+        zeros_w = np.zeros(channels * positions, dtype=np.int64)
+        zeros_n = np.zeros(positions, dtype=np.int64)
+
+        def outputs_alone():
+            flats = [t.reshape(-1) for t in _fresh_outputs((n, channels, size, size))]
+            misaligned = np.array([_address(t) % 64 // 8 for t in flats], dtype=np.int64)
+            _write_outputs_only(stage, positions, channels, zeros_x, zeros_w, zeros_n, *flats, misaligned)
+
+        with torch.inference_mode():
+            times = interleaved_times({
+                "torch": lambda: F.conv2d(xt, wt, padding=1),
+                "torch channels_last": lambda: F.conv2d(xcl, wcl, padding=1),
+                "kernel": lambda: blocked.popcount_conv(xp, wp, (1, 1), (1, 1), (1, 1), size, size, a),
+                "packed": lambda: counts_conv2d_packed(xp, wp, channels, 1, 1, 1),
+                "api": lambda: refimpl.counts_conv2d(x, w, 1, 1, 1),
+                "out": lambda: refimpl.counts_conv2d(x, w, 1, 1, 1, out=out),
+                "outputs": outputs_alone,
+            }, args.rounds, args.repeats)
+        torch_rounds = np.minimum(times["torch"], times["torch channels_last"])
+        t_torch = float(np.median(torch_rounds))
+        ms = lambda name: float(np.median(times[name])) * 1e3  # noqa: E731
+        tera = lambda t_ms: macs / (t_ms * 1e-3) / 1e12  # noqa: E731
+
+        def with_ratio(name):
+            ratios = torch_rounds / times[name]
+            return f"{ms(name):6.2f} ms x{np.median(ratios):4.1f} {ratios.min():3.1f}-{ratios.max():3.1f}"
+
+        peak_share = f"{tera(ms('kernel')) / peak:.0%}" if peak else "n/a"
         print(
-            f"{f'{channels}ch {size}x{size}':>14} | {t_torch * 1e3:9.2f} ms | "
-            f"{t_kernel * 1e3:6.2f} ms {tera(t_kernel):4.2f}T | {t_packed * 1e3:6.2f} ms x{ratio(t_packed):5.1f} | "
-            f"{t_api * 1e3:6.2f} ms x{ratio(t_api):5.1f} | {t_out * 1e3:6.2f} ms x{ratio(t_out):5.1f} | {peak_share:>11}"
+            f"{f'{channels}ch {size}x{size}':>11} | {t_torch * 1e3:9.2f} ms | "
+            f"{ms('kernel'):6.2f} ms {tera(ms('kernel')):4.2f}T | {with_ratio('packed')} | "
+            f"{with_ratio('api')} | {with_ratio('out')} | {ms('outputs'):10.2f} ms | {peak_share:>11}"
         )
-    print("# T = tera binary MACs/s; xR = speed-up over torch conv2d float32 in the same run")
-    print(f"# torch conv2d float32 reached {tera(t_torch):.2f} T MACs/s on the last layer")
+        sys.stdout.flush()
+    print("# T = tera binary MACs/s; xR lo-hi = speed-up over torch conv2d float32: median round, lowest, highest")
+    print(f"# torch conv2d float32 reached {macs / t_torch / 1e12:.2f} T MACs/s on the last layer")
 
     torch_bench = HERE / "bench_counts_torch.py"
     if torch_bench.exists():
