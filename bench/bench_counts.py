@@ -86,7 +86,7 @@ def _write_outputs_only(stage, positions, n_out, px, pw, n, a, b, c, d, misalign
     # every (image, channel) row through the fused kernel's own output stage, from a zero ``a``
     ld = stage.shape[0] // n_out
     for img in numba.prange(px.shape[0] // positions):
-        _finish_rows(stage, ld, 0, n_out, img, 0, 0, positions, positions, n_out, px, pw, n, a, b, c, d,
+        _finish_rows(stage, ld, 0, n_out, n_out, img, 0, 0, positions, positions, n_out, px, pw, n, a, b, c, d,
                      misaligned, True)
 
 
