@@ -215,10 +215,11 @@ def _identity_row_intrinsic(nontemporal: bool):
     the line first (7x7 and 5x5 maps wrote at 25 GB/s against 45 with whole lines): with
     ``pair_next`` the last partial line is completed from the next row's first elements (its
     inputs ``next_s`` and ``next_w`` words further on in ``s`` and ``pw``, the same in ``px``
-    and ``n``) and written whole, and that row is then written with ``skip_head``. Outputs that share a lead (fresh ones do) are written in one loop;
-    otherwise (four ``np.empty`` arrays start at four different offsets) one after the other,
-    so that no vector store straddles two lines: that is two stores, and a streaming store to
-    part of a line is a partial write (the 128-channel layer ran 1.6x slower so). Not Numba
+    and ``n``) and written whole, and that row is then written with ``skip_head``. Outputs
+    that share a lead (fresh ones do) are written in one loop; otherwise (four ``np.empty``
+    arrays start at four different offsets) one after the other, so that no vector store
+    straddles two lines: that is two stores, and a streaming store to part of a line is a
+    partial write (the 128-channel layer ran 1.6x slower so). Not Numba
     loops: LLVM's loop vectorizer is off here (``_jit.py``), and with it on, these arrays need
     more runtime alias checks than it allows.
     """
