@@ -399,7 +399,7 @@ def _counts_fused(xflat, wflat, k_words, taps_off, bases, n_out, positions, chun
     # unit are written from the other stage between its panels, a few rows at a time (batch
     # 64, 256 channels 8x8: 1.6 ms, against 1.9 for GEMM then identities, which re-read ``a``
     # from memory). The stores themselves hide little behind the popcounts on the 2-core
-    # development host: the four int64 outputs cost ~0.15 ms each there. A C model of this loop
+    # development host: the four int64 outputs cost ~0.18 ms each there. A C model of this loop
     # (same panel, same 64 streamed lines per panel) hides most of them while the identities'
     # inputs are in L1, and a third to a half once ``a``'s stage and pw come from L2, as they do
     # here (a unit's stage is L2-sized); writing each panel's rows right after it instead
