@@ -340,42 +340,17 @@ class Model:
         plan = self._plan(x.shape[0])
         record = [] if debug else None
         clock = []
-        with _single_threaded_blas():
-            for step in plan.steps:
-                t0 = time.perf_counter() if timings else 0.0
-                x = step(x, record)
-                if timings:
-                    clock.append((step.label, time.perf_counter() - t0))
+        for step in plan.steps:
+            t0 = time.perf_counter() if timings else 0.0
+            x = step(x, record)
+            if timings:
+                clock.append((step.label, time.perf_counter() - t0))
         if timings:
             self.last_timings = clock
         return (x, record) if debug else x
 
 
-_BLAS_CONTROLLER = []
 _NO_BITS = np.zeros((1, 1, 1, 1), dtype=np.uint64)
-
-
-def _single_threaded_blas():
-    """A context holding NumPy's BLAS (the classifier matmul) to one thread.
-
-    That matmul is small; OpenBLAS would wake its own worker threads for it, which then
-    compete with Numba's threads for the same cores (measured: a 30 us matmul took 30 ms on a
-    busy 2-core machine). Parallelism is Numba's job here. Without threadpoolctl (a
-    scikit-learn dependency) this is a no-op.
-    """
-    if not _BLAS_CONTROLLER:
-        try:
-            from threadpoolctl import ThreadpoolController
-
-            _BLAS_CONTROLLER.append(ThreadpoolController())
-        except ImportError:
-            _BLAS_CONTROLLER.append(None)
-    controller = _BLAS_CONTROLLER[0]
-    if controller is None:
-        import contextlib
-
-        return contextlib.nullcontext()
-    return controller.limit(limits=1, user_api="blas")
 
 
 def load(path: str) -> Model:
@@ -480,6 +455,26 @@ def _pack_padded(x, width, pad_h, pad_w, bits):
             bits[i, yy + pad_h, p - yy * width + pad_w, word] = _sign_word(row, word * 64, min(channels, word * 64 + 64))
 
 
+def _linear(x, wt, bias, out):
+    # out (N, O) = x (N, K) @ wt (K, O) + bias, each output summed by fma in k order, then the
+    # bias: one fixed order for every batch split, thread count and ISA (a BLAS sgemm picks its
+    # micro-kernel, and so its summation order, by matrix size and CPU: logits then changed by
+    # a few ulps between a batch of 40 and batches of 7). Vectorized over the outputs o.
+    n_img, k_in = x.shape
+    n_out = out.shape[1]
+    for i in prange(n_img):
+        row = out[i]
+        for o in range(np.uint64(n_out)):
+            row[o] = np.float32(0.0)
+        for k in range(k_in):
+            xv = x[i, k]
+            src = wt[k]
+            for o in range(np.uint64(n_out)):
+                row[o] = fma32(xv, src[o], row[o])
+        for o in range(np.uint64(n_out)):
+            row[o] = row[o] + bias[o]
+
+
 def _global_mean(x, out):
     # x (N, P, C) channels last -> out (N, C): the mean over positions, summed in float32 in
     # position order, each channel a vector lane (NumPy's mean over the middle axis took
@@ -508,6 +503,7 @@ with epilogue._loop_vectorizer():
     _pack_padded = numba.njit("void(f4[:, :, ::1], i8, i8, i8, u8[:, :, :, ::1])", parallel=True,
                               **_jit.OPTIONS)(_pack_padded)
     _global_mean = numba.njit("void(f4[:, :, ::1], f4[:, ::1])", parallel=True, **_jit.OPTIONS)(_global_mean)
+    _linear = numba.njit("void(f4[:, ::1], f4[:, ::1], f4[::1], f4[:, ::1])", parallel=True, **_jit.OPTIONS)(_linear)
     _stem = numba.njit("void(f4[:, :, :, ::1], f4[:, ::1], f4[::1], f4[::1], i8, i8, i8, i8, i8, i8, i8, i8, i8, "
                        "f4[:, :, ::1], f4[:, :, ::1], b1, i8, i8, u8[:, :, :, ::1])",
                        parallel=True, **_jit.OPTIONS)(_stem)
@@ -895,8 +891,11 @@ class _LinearStep(_Step):
     label = "classifier"
 
     def __init__(self, layer):
-        self.wt = np.ascontiguousarray(layer["weight"].T)
-        self.bias = layer["bias"]
+        self.wt = np.ascontiguousarray(layer["weight"].T, dtype=np.float32)
+        self.bias = np.ascontiguousarray(layer["bias"], dtype=np.float32)
 
     def __call__(self, x, record):
-        return (x @ self.wt + self.bias).astype(np.float32, copy=False)
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(x.shape[0], -1)
+        out = np.empty((x.shape[0], self.wt.shape[1]), dtype=np.float32)
+        _call(_linear, x.shape[0], x, self.wt, self.bias, out)
+        return out

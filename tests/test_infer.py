@@ -167,14 +167,33 @@ def test_searched_measures_match_torch(genome, random_alpha, tmp_path):
     assert_logits_close(m.run(xs), torch_logits(model, xs))
 
 
-def test_engine_batches_agree_with_one_big_batch(tmp_path):
-    x = _digits_batch(40)
-    model = fresh_model("digits_net", "baseline", (1, 8, 8), x)
+@pytest.mark.parametrize("arch,shape", [("digits_net", (1, 8, 8)), ("resnet18", (3, 16, 16))])
+def test_engine_logits_do_not_depend_on_batch_split_or_thread_count(arch, shape, tmp_path):
+    # One answer per model and input: the float parts (stem, epilogue, pooling, classifier) sum in
+    # a fixed order, so logits are bit-identical whatever the batch split and thread count (a BLAS
+    # classifier broke this on an AVX2 host: 124 of 400 logits differed by a few ulps).
+    import numba
+
+    if arch == "digits_net":
+        x = _digits_batch(40)
+    else:
+        torch.manual_seed(5)
+        x = torch.nn.functional.avg_pool2d(torch.randn(40, 3, 24, 24), 9, stride=1)[:, :, :16, :16] * 3
+    model = fresh_model(arch, "baseline", shape, x[:16])
     m = _export_and_load(model, tmp_path)
     xs = x.numpy().copy()
     whole = m.run(xs).copy()
     parts = np.concatenate([m.run(xs[i:i + 7]).copy() for i in range(0, 40, 7)])
     np.testing.assert_array_equal(parts, whole)
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        one_thread = m.run(xs).copy()
+        singles = np.concatenate([m.run(xs[i:i + 1]).copy() for i in range(0, 40, 13)])
+    finally:
+        numba.set_num_threads(threads)
+    np.testing.assert_array_equal(one_thread, whole)
+    np.testing.assert_array_equal(singles, whole[0:40:13])
 
 
 @pytest.mark.parametrize("arch,genome,size", [
