@@ -12,16 +12,20 @@ A ``BinaryUnit`` computes
     y = bn(conv(x)) + x                               residual, same shape (Bi-Real shortcut)
     y = bn(conv(x)) + down_bn(down_conv(x))           residual, stride or width changes
 
-where ``conv`` and ``down_conv`` are ``BinaryConv2d`` (they binarize their own input with sign),
-so every binary layer is followed directly by its BatchNorm and nothing else sits between them.
+where ``conv`` is a ``BinaryConv2d`` (it binarizes its own input with sign), so every binary
+layer is followed directly by its BatchNorm and nothing else sits between them. The downsampling
+shortcut (SPEC §6, ``downsample=``) is either binary (default, the paper's text: ``down_conv`` is
+a 1x1 ``BinaryConv2d`` with the unit's stride) or real (Bi-Real practice: ``down_pool``, a
+stride x stride average pool with ``ceil_mode`` so odd maps give the conv's ceil(H/stride), then
+``down_conv``, a full-precision 1x1 ``nn.Conv2d`` with stride 1).
 There is no other nonlinearity: the sign inside each binary layer is the network's activation
 (as in Bi-Real-Net); a ReLU before a sign would make every activation +1.
 
 NIN's last layer is a 1x1 convolution followed by global average pooling; both are linear, so
 it is the same function as pooling first and then ``nn.Linear``, which is what is built here.
 
-``model.config`` holds what export needs to rebuild the model: arch, measure, num_classes,
-input_shape.
+``model.config`` holds what export needs to rebuild the model (``build_model(**config)``):
+arch, measure, num_classes, input_shape, downsample.
 """
 from __future__ import annotations
 
@@ -41,20 +45,36 @@ DIGITS_WIDTH = 64  # channels of digits_net: wide enough for >=95% with any pape
 _VGG13 = (64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
 
+DOWNSAMPLE_KINDS = ("binary", "real")
+
+
+def check_downsample(kind) -> str:
+    """``kind`` if it is a downsampling kind (SPEC §6), else ValueError naming the valid set."""
+    if kind not in DOWNSAMPLE_KINDS:
+        raise ValueError(f"unknown downsample {kind!r}; choose one of {', '.join(DOWNSAMPLE_KINDS)}")
+    return kind
+
+
 class BinaryUnit(nn.Module):
     """One binary convolution, its BatchNorm, and (optionally) a real-valued shortcut."""
 
     def __init__(self, in_ch, out_ch, kernel_size, stride=1, padding=0, measure="baseline",
-                 residual=False, binary=True):
+                 residual=False, binary=True, downsample="binary"):
         super().__init__()
+        self.downsample = check_downsample(downsample)
         conv = _conv_factory(binary, measure)
         self.conv = conv(in_ch, out_ch, kernel_size, stride, padding)
         self.bn = nn.BatchNorm2d(out_ch)
         self.residual = residual
-        self.down_conv = self.down_bn = None
+        self.down_pool = self.down_conv = self.down_bn = None
         if residual and (stride != 1 or in_ch != out_ch):
-            # SPEC §6: the downsampling 1x1 convolution is binary too.
-            self.down_conv = conv(in_ch, out_ch, 1, stride, 0)
+            if downsample == "binary":
+                # SPEC §6: the paper's text makes the downsampling 1x1 convolution binary too.
+                self.down_conv = conv(in_ch, out_ch, 1, stride, 0)
+            else:
+                if stride != 1:
+                    self.down_pool = nn.AvgPool2d(stride, stride, ceil_mode=True)
+                self.down_conv = nn.Conv2d(in_ch, out_ch, 1, bias=False)
             self.down_bn = nn.BatchNorm2d(out_ch)
 
     def forward(self, x):
@@ -63,6 +83,8 @@ class BinaryUnit(nn.Module):
             return y
         if self.down_conv is None:
             return y + x
+        if self.down_pool is not None:
+            x = self.down_pool(x)
         return y + self.down_bn(self.down_conv(x))
 
 
