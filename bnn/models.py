@@ -98,7 +98,8 @@ def _conv_factory(binary: bool, measure):
 class BNNet(nn.Module):
     """stem -> stem_bn -> body -> global average pool -> classifier (see the module docstring)."""
 
-    def __init__(self, arch, measure, num_classes, input_shape, stem_out, stem_kernel, body, body_out):
+    def __init__(self, arch, measure, num_classes, input_shape, stem_out, stem_kernel, body, body_out,
+                 downsample="binary"):
         super().__init__()
         in_ch = input_shape[0]
         self.stem = nn.Conv2d(in_ch, stem_out, stem_kernel, padding=stem_kernel // 2, bias=False)
@@ -111,6 +112,7 @@ class BNNet(nn.Module):
             "measure": str(Genome.parse(measure)),
             "num_classes": int(num_classes),
             "input_shape": [int(v) for v in input_shape],
+            "downsample": check_downsample(downsample),
         }
 
     def forward(self, x):
@@ -119,27 +121,27 @@ class BNNet(nn.Module):
         return self.classifier(self.pool(x).flatten(1))
 
 
-def resnet(arch, measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True):
+def resnet(arch, measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
     body, ch = [], 64
     for width, blocks, stride in _RESNET_STAGES[arch]:
         for i in range(blocks):
             s = stride if i == 0 else 1
             # A basic block's two 3x3 convolutions, each with its own shortcut (Bi-Real).
-            body.append(BinaryUnit(ch, width, 3, s, 1, measure, residual=True, binary=binary))
+            body.append(BinaryUnit(ch, width, 3, s, 1, measure, residual=True, binary=binary, downsample=downsample))
             body.append(BinaryUnit(width, width, 3, 1, 1, measure, residual=True, binary=binary))
             ch = width
-    return BNNet(arch, measure, num_classes, input_shape, 64, 3, body, ch)
+    return BNNet(arch, measure, num_classes, input_shape, 64, 3, body, ch, downsample)
 
 
-def resnet18(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True):
-    return resnet("resnet18", measure, num_classes, input_shape, binary)
+def resnet18(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
+    return resnet("resnet18", measure, num_classes, input_shape, binary, downsample)
 
 
-def resnet34(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True):
-    return resnet("resnet34", measure, num_classes, input_shape, binary)
+def resnet34(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
+    return resnet("resnet34", measure, num_classes, input_shape, binary, downsample)
 
 
-def vgg13(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True):
+def vgg13(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
     _require_size("vgg13", input_shape, 32)
     widths = list(_VGG13)
     body, ch = [], widths.pop(0)  # the first 64-channel convolution is the full-precision stem
@@ -149,10 +151,11 @@ def vgg13(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=Tr
         else:
             body.append(BinaryUnit(ch, v, 3, 1, 1, measure, binary=binary))
             ch = v
-    return BNNet("vgg13", measure, num_classes, input_shape, 64, 3, body, ch)
+    # No shortcuts, so nothing to downsample; the kind is still recorded, as for every model.
+    return BNNet("vgg13", measure, num_classes, input_shape, 64, 3, body, ch, downsample)
 
 
-def nin(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True):
+def nin(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
     """Network in Network for CIFAR (Lin et al. 2014; XNOR-Net's binary version's widths)."""
     _require_size("nin", input_shape, 32)
 
@@ -166,14 +169,17 @@ def nin(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True
         nn.AvgPool2d(3, stride=2, padding=1),
         unit(192, 192, 3), unit(192, 192, 1),
     ]
-    return BNNet("nin", measure, num_classes, input_shape, 192, 5, body, 192)
+    return BNNet("nin", measure, num_classes, input_shape, 192, 5, body, 192, downsample)
 
 
-def digits_net(measure="baseline", num_classes=10, input_shape=(1, 8, 8), binary=True):
-    """For the 8x8 digits: full-precision 3x3 stem, three binary 3x3 units with shortcuts."""
+def digits_net(measure="baseline", num_classes=10, input_shape=(1, 8, 8), binary=True, downsample="binary"):
+    """For the 8x8 digits: full-precision 3x3 stem, three binary 3x3 units with shortcuts.
+
+    Every unit keeps width and size, so ``downsample`` changes no layer; it is recorded.
+    """
     w = DIGITS_WIDTH
     body = [BinaryUnit(w, w, 3, 1, 1, measure, residual=True, binary=binary) for _ in range(3)]
-    return BNNet("digits_net", measure, num_classes, input_shape, w, 3, body, w)
+    return BNNet("digits_net", measure, num_classes, input_shape, w, 3, body, w, downsample)
 
 
 MODELS = {
@@ -190,12 +196,16 @@ def _require_size(arch, input_shape, size):
         raise ValueError(f"{arch} is built for {size}x{size} inputs, got {input_shape[1]}x{input_shape[2]}")
 
 
-def build_model(name, measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True) -> BNNet:
-    """A model from the registry; unknown names and measures raise ValueError."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+def build_model(arch, measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True,
+                downsample="binary") -> BNNet:
+    """A model from the registry (``build_model(**model.config)`` rebuilds one); unknown names,
+    measures and downsampling kinds raise ValueError."""
+    if arch not in MODELS:
+        raise ValueError(f"unknown model {arch!r}; choose one of {', '.join(MODELS)}")
     genome = Genome.parse(measure)  # ValueError naming the problem
-    return MODELS[name](measure=str(genome), num_classes=num_classes, input_shape=tuple(input_shape), binary=binary)
+    check_downsample(downsample)
+    return MODELS[arch](measure=str(genome), num_classes=num_classes, input_shape=tuple(input_shape), binary=binary,
+                        downsample=downsample)
 
 
 def binary_layers(model: nn.Module) -> list[BinaryConv2d]:
