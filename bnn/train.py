@@ -13,11 +13,12 @@ rewritten from it on resume, so a kill between the two writes cannot duplicate o
 Run folder: ``metrics.jsonl`` (one JSON object per epoch: epoch, train_loss, train_acc, val_acc,
 lr, images_per_s, wall_s, status), ``checkpoint.pt`` and, once finished, ``summary.json``.
 ``checkpoint.pt`` loads with ``torch.load(path, weights_only=True)`` and holds what export needs:
-``model_config`` (arch, measure, num_classes, input_shape: ``bnn.models.build_model(**...)``
-rebuilds the model), ``model`` (the state_dict, CPU tensors), ``data`` (class_names, and mean/std
-in raw pixel units: the input is ``(pixel - mean[c]) / std[c]``), ``config`` (the TrainConfig),
-``status`` ("running" or a final status), ``test`` ((top-1, top-5) once done), and for resume
-``optimizer``, ``scheduler``, ``rng``, ``epoch``, ``history``.
+``model_config`` (arch, measure, num_classes, input_shape, downsample:
+``bnn.models.build_model(**...)`` rebuilds the model; a checkpoint without downsample is binary),
+``model`` (the state_dict, CPU tensors), ``data`` (class_names, and mean/std in raw pixel units:
+the input is ``(pixel - mean[c]) / std[c]``), ``config`` (the TrainConfig), ``status``
+("running" or a final status), ``test`` ((top-1, top-5) once done), and for resume ``optimizer``,
+``scheduler``, ``rng``, ``epoch``, ``history``.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ import torch.nn.functional as F
 from refimpl.genome import Genome
 
 from .data import Dataset, load_dataset
-from .models import MODELS, build_model
+from .models import DOWNSAMPLE_KINDS, MODELS, build_model, check_downsample
 
 # =============================================================================================
 # Hyperparameters: the only place they are set.
@@ -88,6 +89,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (CUDA)
     resume: bool = False  # continue from out_dir/checkpoint.pt if it exists
     download: bool = False
+    downsample: str = "binary"  # SPEC §6 shortcut of a unit that changes size or width: binary | real
 
     def __post_init__(self) -> None:
         self.milestones = tuple(int(m) for m in self.milestones)
@@ -102,6 +104,7 @@ class TrainConfig:
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
         self.measure = str(Genome.parse(self.measure))
+        check_downsample(self.downsample)
         for name in ("epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -280,6 +283,10 @@ def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: flo
         for key in ("model", "dataset", "measure", "seed", "split_seed", "batch_size", "lr", "gamma"):
             if saved[key] != getattr(cfg, key):
                 raise ValueError(f"cannot resume {ckpt_path}: it was trained with {key}={saved[key]!r}, not {getattr(cfg, key)!r}")
+        # A checkpoint written before the option has no key: it trained the binary kind.
+        if saved.get("downsample", "binary") != cfg.downsample:
+            raise ValueError(f"cannot resume {ckpt_path}: it was trained with "
+                             f"downsample={saved.get('downsample', 'binary')!r}, not {cfg.downsample!r}")
 
     if data is None:
         data = load_dataset(cfg.dataset, cfg.data_dir, cfg.val_size, cfg.split_seed, device, cfg.download)
@@ -289,7 +296,8 @@ def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: flo
         raise ValueError(f"preloaded data holds out {data.val_size} validation images, config wants {cfg.val_size}")
 
     gen = _seed_everything(cfg.seed)
-    model = build_model(cfg.model, cfg.measure, data.num_classes, data.input_shape).to(device)
+    model = build_model(cfg.model, cfg.measure, data.num_classes, data.input_shape,
+                        downsample=cfg.downsample).to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=ADAM_BETAS)
@@ -448,6 +456,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default="digits", help="digits (default, embedded), cifar10 or cifar100")
     p.add_argument("--data-dir", help="folder holding the CIFAR archives (default: $BNN_DATA_DIR or ./data)")
     p.add_argument("--measure", default="baseline", help="genome: a name (baseline, M1..M10), '0-0-0-0-0-0-1' or '0000001'")
+    p.add_argument("--downsample", choices=DOWNSAMPLE_KINDS, default="binary",
+                   help="shortcut of the units that change size or width (SPEC 6): binary (default, the paper's "
+                        "text: a binary 1x1 conv) or real (Bi-Real: 2x2 average pool, full-precision 1x1 conv)")
     p.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default: digits for digits, fitness for CIFAR)")
     p.add_argument("--epochs", type=int)
     p.add_argument("--batch-size", type=int)
@@ -489,9 +500,11 @@ def config_from_args(args) -> TrainConfig:
         except ValueError:
             raise ValueError(f"--milestones must be comma-separated integers, got {args.milestones!r}") from None
     name = Genome.parse(measure).name or measure
-    out = args.out or os.path.join("runs", f"{dataset}-{model}-{name}-s{args.seed}")
+    kind = "" if args.downsample == "binary" else f"-{args.downsample}"
+    out = args.out or os.path.join("runs", f"{dataset}-{model}-{name}{kind}-s{args.seed}")
     return TrainConfig.from_preset(
-        preset, model=model, dataset=dataset, measure=measure, seed=args.seed, device=args.device,
+        preset, model=model, dataset=dataset, measure=measure, downsample=args.downsample, seed=args.seed,
+        device=args.device,
         data_dir=args.data_dir, val_size=args.val_size, out_dir=out, compile=args.compile,
         download=args.download, **overrides,
     )
@@ -515,12 +528,14 @@ def main(argv=None) -> int:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     summary = {k: result.to_dict()[k] for k in ("status", "epochs", "val_acc", "test_acc", "test_top5", "wall_s")}
-    summary.update(model=cfg.model, dataset=cfg.dataset, measure=cfg.measure, seed=cfg.seed, out=cfg.out_dir)
+    summary.update(model=cfg.model, dataset=cfg.dataset, measure=cfg.measure, downsample=cfg.downsample,
+                   seed=cfg.seed, out=cfg.out_dir)
     if args.json:
         print(json.dumps(_json_safe(summary)))
     else:
         test = "n/a" if result.test_acc is None else f"{100 * result.test_acc:.2f}%"
-        print(f"{result.status}: {cfg.model} on {cfg.dataset} with {cfg.measure}, {result.epochs} epochs, "
+        print(f"{result.status}: {cfg.model} on {cfg.dataset} with {cfg.measure} ({cfg.downsample} downsampling), "
+              f"{result.epochs} epochs, "
               f"test accuracy {test}, {result.wall_s:.1f} s; run folder {cfg.out_dir}")
     return 0
 
