@@ -5,6 +5,8 @@ Oracles: hand-written expected module types and shapes; torch's own functional o
 (``avg_pool2d``, ``conv2d``, ``batch_norm``) for the real shortcut's value; the PyTorch model in
 eval mode for the engine's logits and counts.
 """
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -91,3 +93,69 @@ def test_a_config_without_the_key_builds_binary():
     model = build_model(**config)
     assert model.config["downsample"] == "binary"
     assert all(isinstance(u.down_conv, BinaryConv2d) for u in model.body if u.down_conv is not None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The search: --downsample is part of the fitness setting
+
+_SYN = ["--fitness", "synthetic:2", "--population", "4", "--epochs", "2", "--thresholds", "0.2",
+        "--max-evaluations", "12", "--max-trainings", "100", "--no-progress"]
+
+
+def test_search_records_the_kind_and_keeps_it_on_resume(tmp_path, capsys):
+    from bnn.search.cli import main
+
+    run = tmp_path / "run"
+    assert main([*_SYN, "--downsample", "real", "--run-dir", str(run)]) == 0
+    assert json.loads((run / "results.json").read_text())["config"]["downsample"] == "real"
+    start = json.loads((run / "journal.jsonl").read_text().splitlines()[0])
+    assert start["config"]["downsample"] == "real"
+    capsys.readouterr()
+    # The kind defines the search: a resume may not change it.
+    assert main(["--resume", str(run), "--downsample", "binary"]) == 2
+    assert "downsample is 'real' in the journal" in capsys.readouterr().err
+    assert main(["--resume", str(run), "--max-evaluations", "14", "--no-progress"]) == 0
+    assert json.loads((run / "results.json").read_text())["config"]["downsample"] == "real"
+
+
+def test_search_rejects_an_unknown_kind_in_one_line(tmp_path, capsys):
+    from bnn.search.cli import main
+
+    assert main([*_SYN, "--downsample", "avg", "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "invalid choice: 'avg'" in err[0]
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_journal_from_before_the_option_is_binary_for_reuse(tmp_path, capsys):
+    from bnn.search.cli import main
+
+    old = tmp_path / "old"
+    assert main([*_SYN, "--run-dir", str(old)]) == 0
+    lines = (old / "journal.jsonl").read_text().splitlines()
+    start = json.loads(lines[0])
+    del start["config"]["downsample"]  # as written before the option existed
+    (old / "journal.jsonl").write_text("\n".join([json.dumps(start), *lines[1:]]) + "\n")
+    assert main([*_SYN, "--reuse", str(old), "--run-dir", str(tmp_path / "binary")]) == 0
+    capsys.readouterr()
+    assert main([*_SYN, "--downsample", "real", "--reuse", str(old), "--run-dir", str(tmp_path / "real")]) == 2
+    assert "its downsample is 'binary', this search's is 'real'" in capsys.readouterr().err
+
+
+def test_fitness_worker_trains_with_the_search_kind(monkeypatch):
+    import bnn.train
+    from bnn.search.engine import SearchConfig
+    from bnn.search.fitness import Worker
+
+    seen = []
+
+    def fake_train(cfg, data=None, **kw):
+        seen.append(cfg.downsample)
+        return bnn.train.TrainResult(status="ok", val_acc=0.5, val_acc_per_epoch=[0.5], epochs=1)
+
+    monkeypatch.setattr(bnn.train, "train_model", fake_train)
+    for kind in ("real", "binary"):
+        worker = Worker("train", SearchConfig(downsample=kind, epochs=1, device="cpu").train_dict())
+        worker._data = object()  # the fake training reads no data
+        assert worker.run({"genome": "0-0-0-0-0-0-1"})["status"] == "ok"
+    assert seen == ["real", "binary"]

@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dataset", help="digits, cifar10, cifar100")
     t.add_argument("--data-dir", help="directory with the CIFAR archives")
     t.add_argument("--model", help="digits_net, resnet18, resnet34, vgg13, nin")
+    t.add_argument("--downsample", choices=("binary", "real"),
+                   help="shortcut of units that change size or width (SPEC 6): binary (default, the paper's text) "
+                        "or real (Bi-Real: average pool, full-precision 1x1 conv)")
     t.add_argument("--epochs", type=_positive, help="epochs of a full fitness training (paper: 15)")
     t.add_argument("--batch-size", type=_positive, help="batch size (default 128)")
     t.add_argument("--lr", type=float, help="Adam learning rate, constant (default 5e-3)")
@@ -201,7 +204,7 @@ def _validate_training(cfg: SearchConfig) -> None:
         raise CliError(f"unknown dataset {cfg.dataset!r}; choose one of {', '.join(DATASETS)}")
     try:
         TrainConfig(model=cfg.model, dataset=cfg.dataset, measure="baseline", epochs=cfg.epochs,
-                    batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.train_seed).validate()
+                    batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.train_seed, downsample=cfg.downsample).validate()
         if key != "digits":
             data_dir = cfg.data_dir if cfg.data_dir is not None else os.environ.get("BNN_DATA_DIR", "data")
             read_cifar(key, data_dir)  # a missing or corrupt archive fails here, not in a worker

@@ -34,17 +34,20 @@ from .fitness import FitnessCache, fitness_of, parse_fitness_spec
 from .ga import GeneticSearch, Thresholds
 
 # Fields that define what a search computes: fixed at start, taken from the journal on resume.
-SEARCH_FIELDS = ("dataset", "model", "epochs", "population", "seed", "thresholds", "threshold_steps",
+SEARCH_FIELDS = ("dataset", "model", "downsample", "epochs", "population", "seed", "thresholds", "threshold_steps",
                  "batch_size", "lr", "val_size", "train_seed", "fitness", "cache", "equivalence",
                  "screening", "unique_members", "reuse")
 # Fields that must match for another run's trainings to be reused (--reuse).
-TRAIN_FIELDS = ("dataset", "model", "epochs", "batch_size", "lr", "val_size", "train_seed", "fitness")
+TRAIN_FIELDS = ("dataset", "model", "downsample", "epochs", "batch_size", "lr", "val_size", "train_seed", "fitness")
+# What a journal written before a field existed computed: its start event lacks the key.
+JOURNAL_DEFAULTS = {"downsample": "binary"}
 
 
 @dataclass
 class SearchConfig:
     dataset: str = "digits"
     model: str = "digits_net"
+    downsample: str = "binary"  # SPEC §6: the shortcut of units that change size or width, binary | real
     epochs: int = 15
     population: int = 30
     seed: int = 0
@@ -72,7 +75,7 @@ class SearchConfig:
     device: str = "auto"
 
     def train_dict(self) -> dict:
-        return {"dataset": self.dataset, "model": self.model, "epochs": self.epochs,
+        return {"dataset": self.dataset, "model": self.model, "downsample": self.downsample, "epochs": self.epochs,
                 "batch_size": self.batch_size, "lr": self.lr, "val_size": self.val_size,
                 "seed": self.train_seed, "data_dir": self.data_dir, "device": self.device}
 
@@ -117,7 +120,7 @@ class Search:
         for d in self.cfg.reuse:
             path = Path(d) / jr.JOURNAL
             events, _ = jr.read(path)
-            start = events[0].get("config", {})
+            start = {**JOURNAL_DEFAULTS, **events[0].get("config", {})}
             for k in TRAIN_FIELDS:
                 if start.get(k) != getattr(self.cfg, k):
                     raise ValueError(f"--reuse {d}: its {k} is {start.get(k)!r}, this search's is "
@@ -137,7 +140,7 @@ class Search:
     @staticmethod
     def config_from_journal(run_dir: Path) -> dict:
         events, _ = jr.read(Path(run_dir) / jr.JOURNAL)
-        return events[0]["config"]
+        return {**JOURNAL_DEFAULTS, **events[0]["config"]}
 
     def resume(self) -> int:
         """Replay the journal; returns how many proposals were in flight (re-dispatched by run)."""

@@ -342,6 +342,7 @@ class Worker:
             self._data = load_dataset(t["dataset"], t.get("data_dir"), t.get("val_size"), split, device)
         wanted = dict(
             model=t["model"], dataset=t["dataset"], measure=job["genome"], epochs=t["epochs"],
+            downsample=t.get("downsample", "binary"),
             batch_size=t["batch_size"], lr=t["lr"], seed=t["seed"], device=t["device"],
             data_dir=t.get("data_dir"), val_size=t.get("val_size"),
             milestones=(), out_dir=None,  # the paper's fitness: constant lr; no files per candidate
