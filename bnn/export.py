@@ -5,6 +5,7 @@ metadata holds one JSON document under the key ``"bnn-measure"`` (``FORMAT``):
 
 * ``format`` (``"bnn-measure"``), ``version`` (``VERSION``);
 * ``genome`` (canonical text) and ``arch``, ``num_classes``, ``input_shape``;
+* ``downsample``: ``"binary"`` or ``"real"`` (SPEC section 6); a file without it is binary;
 * ``input``: normalization ``(pixel - mean[c]) / std[c]`` in raw pixel units, ``pixel_max``;
 * ``class_names``; ``source_sha256`` of the checkpoint it came from (or null);
 * ``layers``: the network in execution order, each entry naming its tensors (see
@@ -14,6 +15,12 @@ Tensors: binary weights as uint64 words ``(O, KH, KW, ceil(I/64))`` (SPEC sectio
 ``w >= 0``, channels packed along the last axis, the OHWI layout the popcount kernel reads);
 ``alpha`` float32 ``(4, O)``; every BatchNorm folded into float32 ``scale``/``shift`` per
 channel; the full-precision stem weight and the classifier in float32.
+
+A ``binary_unit``'s ``residual`` is ``none``, ``identity``, ``down`` (a binary 1x1 convolution
+described like ``conv``) or ``real`` (Bi-Real): ``shortcut`` names ``pool`` ``[k, k]``, an average
+pool of kernel and stride k in ceil mode, each window divided by its in-bounds pixels (``[1, 1]``:
+none), then a full-precision 1x1 convolution, ``TENSORS.weight`` float32 ``(O, I, 1, 1)``, and its
+folded BatchNorm, ``TENSORS.scale`` and ``TENSORS.shift``.
 
 Binary weights in float would be 32 bits each; packed they are 1 bit, plus at most 63 bits of
 tail per (output, tap) row.
@@ -98,6 +105,24 @@ def _binary_conv(prefix: str, conv: BinaryConv2d, bn: nn.BatchNorm2d, tensors: d
     }
 
 
+def _real_shortcut(prefix: str, unit: BinaryUnit, tensors: dict) -> dict:
+    """The Bi-Real shortcut: avg-pool (parameter-free), full-precision 1x1 conv, folded BatchNorm."""
+    conv, pool = unit.down_conv, unit.down_pool
+    if (_pair(conv.kernel_size) != [1, 1] or _pair(conv.stride) != [1, 1] or _pair(conv.padding) != [0, 0]
+            or conv.bias is not None or conv.groups != 1):
+        raise ValueError(f"{prefix}: the real shortcut must be a bias-free 1x1 nn.Conv2d with stride 1 (bnn.models)")
+    k = [1, 1]
+    if pool is not None:
+        k = _pair(pool.kernel_size)
+        if (not isinstance(pool, nn.AvgPool2d) or _pair(pool.stride) != k or _pair(pool.padding) != [0, 0]
+                or not pool.ceil_mode or pool.divisor_override is not None):
+            raise ValueError(f"{prefix}: the real shortcut's pool must be AvgPool2d(k, k, ceil_mode=True) (bnn.models)")
+    tensors[f"{prefix}.weight"] = _f32(conv.weight)
+    tensors[f"{prefix}.scale"], tensors[f"{prefix}.shift"] = fold_batchnorm(unit.down_bn)
+    return {"tensors": prefix, "in_channels": int(conv.in_channels), "out_channels": int(conv.out_channels),
+            "pool": k}
+
+
 def _pool(kind: str, m) -> dict:
     if getattr(m, "ceil_mode", False):
         raise ValueError(f"{kind} with ceil_mode=True is not supported by the engine")
@@ -135,6 +160,9 @@ def _describe(model: nn.Module) -> tuple[list[dict], dict[str, np.ndarray]]:
                 unit["residual"] = "none"
             elif m.down_conv is None:
                 unit["residual"] = "identity"
+            elif not isinstance(m.down_conv, BinaryConv2d):
+                unit["residual"] = "real"
+                unit["shortcut"] = _real_shortcut(f"body.{i}.down_conv", m, tensors)
             else:
                 unit["residual"] = "down"
                 unit["down"] = _binary_conv(f"body.{i}.down_conv", m.down_conv, m.down_bn, tensors)
@@ -179,6 +207,11 @@ def export_model(model: nn.Module, path: str, *, mean=None, std=None, pixel_max=
     if len(names) != num_classes:
         raise ValueError(f"{len(names)} class names for {num_classes} classes")
     layers, tensors = _describe(model)
+    downsample = config.get("downsample", "binary")
+    wrong = {"binary": "real", "real": "down"}.get(downsample, "?")
+    if downsample not in ("binary", "real") or any(layer.get("residual") == wrong for layer in layers):
+        raise ValueError(f"model.config says downsample={downsample!r}, which its shortcuts are not; "
+                         "build the model with bnn.models and one downsample kind")
     meta = {
         "format": FORMAT,
         "version": VERSION,
@@ -186,6 +219,7 @@ def export_model(model: nn.Module, path: str, *, mean=None, std=None, pixel_max=
         "genome": genome,
         "num_classes": num_classes,
         "input_shape": [int(v) for v in config.get("input_shape", [in_ch, 0, 0])],
+        "downsample": downsample,
         "input": {"mean": mean, "std": std, "pixel_max": pixel_max,
                   "normalization": "(pixel - mean[c]) / std[c], raw pixel units"},
         "dataset": dataset,
@@ -219,7 +253,9 @@ def export_checkpoint(checkpoint: str, out: str) -> dict:
     ckpt = load_checkpoint(checkpoint)
     mc, data = ckpt.get("model_config") or {}, ckpt.get("data") or {}
     try:
-        model = build_model(mc["arch"], mc["measure"], mc["num_classes"], tuple(mc["input_shape"]))
+        # A checkpoint written before the option has no downsample: it trained the binary kind.
+        model = build_model(mc["arch"], mc["measure"], mc["num_classes"], tuple(mc["input_shape"]),
+                            downsample=mc.get("downsample", "binary"))
         model.load_state_dict(ckpt["model"])
     except (KeyError, RuntimeError, TypeError) as exc:
         raise ValueError(f"{checkpoint}: model config or weights do not fit ({type(exc).__name__}: {exc})".splitlines()[0]) from None
@@ -248,7 +284,8 @@ def main(argv=None) -> int:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     size = os.path.getsize(args.out)
-    print(f"wrote {args.out}: {meta['arch']} with genome {meta['genome']}, {size / 1e6:.2f} MB")
+    print(f"wrote {args.out}: {meta['arch']} with genome {meta['genome']}, {meta['downsample']} downsampling, "
+          f"{size / 1e6:.2f} MB")
     return 0
 
 

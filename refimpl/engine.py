@@ -16,6 +16,9 @@ Execution follows the file's layer list:
   (``FUSED_MIN_TILES_PER_THREAD``), GEMM and epilogue run together, tile by tile, in one
   parallel loop (``fused_*``), and ``a`` stays in L1. Otherwise (batch 1 on small maps, and
   debug runs, which record ``a``) they are two passes, the GEMM split over channels too.
+  A ``real`` (Bi-Real) shortcut is computed first, in float32 from the unit's float input
+  (``_real_shortcut``: average pool, 1x1 convolution, folded BatchNorm), into the unit's output
+  buffer; the epilogue then adds it as it adds an identity residual.
 * ``maxpool2d`` / ``avgpool2d`` / ``global_avgpool`` / ``linear``: NumPy, float32.
 
 Activations are channels last, (N, H, W, C), from the stem on: the GEMM stores each pixel's
@@ -105,6 +108,38 @@ def _tensor(tensors: dict, name: str, shape: tuple, dtype, where: str) -> np.nda
     return np.ascontiguousarray(t)
 
 
+DOWNSAMPLE_KINDS = ("binary", "real")
+# The shortcut a file of each downsampling kind must not hold (SPEC section 6).
+_FOREIGN_SHORTCUT = {"binary": "real", "real": "down"}
+
+
+def _downsample_kind(meta: dict, where: str) -> str:
+    kind = meta.get("downsample", "binary")  # files written before the option are binary
+    if kind not in DOWNSAMPLE_KINDS:
+        raise ModelFileError(f"{where}: downsample must be binary or real, got {kind!r}")
+    return kind
+
+
+def _real_shortcut_entry(entry, channels: int, out_channels: int, take, w: str) -> dict:
+    """A ``real`` shortcut's description and tensors (bnn/export.py): avg-pool, 1x1 conv, BN."""
+    if not isinstance(entry, dict):
+        raise ModelFileError(f"{w}: missing description")
+    i, o = entry.get("in_channels"), entry.get("out_channels")
+    if i != channels:
+        raise ModelFileError(f"{w}: takes {i} channels, the previous layer gives {channels}")
+    if o != out_channels:
+        raise ModelFileError(f"{w}: gives {o} channels, the unit's conv gives {out_channels}")
+    pool = _pairs(entry, w, ("pool",))["pool"]
+    if min(pool) < 1:
+        raise ModelFileError(f"{w}: 'pool' must be positive, got {list(pool)}")
+    p = entry.get("tensors")
+    weight = take(f"{p}.weight", (o, i, 1, 1), np.float32, w)
+    return {"name": p, "pool": pool,
+            "wt": np.ascontiguousarray(weight.reshape(o, i).T),  # (I, O): one input channel's row per fma step
+            "scale": take(f"{p}.scale", (o,), np.float32, w),
+            "shift": take(f"{p}.shift", (o,), np.float32, w)}
+
+
 def _read(path: str) -> tuple[dict, dict]:
     if not os.path.exists(path):
         raise ModelFileError(f"{path}: no such file")
@@ -181,6 +216,7 @@ class Model:
         if not np.all(self.std > 0):
             raise ModelFileError(f"{where}: input std must be positive")
         self.pixel_max = inp.get("pixel_max")
+        self.downsample = _downsample_kind(meta, where)
         self.layers = self._parse_layers(meta.get("layers"), tensors, where)
         unused = set(tensors) - self._used
         if unused:
@@ -223,16 +259,22 @@ class Model:
                 name = entry.get("name", f"layer{idx}")
                 conv = self._conv(entry.get("conv"), channels, take, f"{w} ({name}) conv")
                 residual = entry.get("residual")
-                if residual not in ("none", "identity", "down"):
-                    raise ModelFileError(f"{w}: residual must be none, identity or down, got {residual!r}")
-                down = None
+                if residual not in ("none", "identity", "down", "real"):
+                    raise ModelFileError(f"{w}: residual must be none, identity, down or real, got {residual!r}")
+                if residual == _FOREIGN_SHORTCUT[self.downsample]:
+                    raise ModelFileError(f"{w}: a {residual!r} shortcut in a file whose downsample is {self.downsample!r}")
+                down = shortcut = None
                 if residual == "identity" and (conv.out_channels != channels or conv.stride != (1, 1)):
                     raise ModelFileError(f"{w}: an identity shortcut needs stride 1 and equal channels")
                 if residual == "down":
                     down = self._conv(entry.get("down"), channels, take, f"{w} ({name}) down")
                     if down.out_channels != conv.out_channels:
                         raise ModelFileError(f"{w}: down and conv have different output channels")
-                out.append({"op": op, "name": name, "conv": conv, "down": down, "residual": residual})
+                if residual == "real":
+                    shortcut = _real_shortcut_entry(entry.get("shortcut"), channels, conv.out_channels, take,
+                                                    f"{w} ({name}) shortcut")
+                out.append({"op": op, "name": name, "conv": conv, "down": down, "shortcut": shortcut,
+                            "residual": residual})
                 channels = conv.out_channels
             elif op in ("maxpool2d", "avgpool2d"):
                 geo = _pairs(entry, w, ("kernel", "stride", "padding"))
@@ -455,6 +497,48 @@ def _pack_padded(x, width, pad_h, pad_w, bits):
             bits[i, yy + pad_h, p - yy * width + pad_w, word] = _sign_word(row, word * 64, min(channels, word * 64 + 64))
 
 
+def _real_shortcut(x, kh, kw, wt, scale, shift, out_w, pooled, out):
+    # The Bi-Real shortcut as torch's CPU kernels compute it (measured on torch 2.13: every
+    # output bit-identical): x (N, H, W, C) -> out (N, P, O). Average pool of kernel and stride
+    # (kh, kw) in ceil mode, each window summed from 0 in (row, column) order and divided by
+    # its in-bounds pixel count; then the 1x1 convolution, summed from 0 by fma in input-channel
+    # order (one fixed order for any batch split and thread count; no BLAS); then the folded
+    # BatchNorm, fma(y, scale, shift). One output row of one image per task; vectorized over
+    # channels (the pool) and outputs (the convolution).
+    n_img, h, w, channels = x.shape
+    positions, n_out = out.shape[1], out.shape[2]
+    out_h = positions // out_w
+    for r in prange(n_img * out_h):
+        i = r // out_h
+        oy = r - i * out_h
+        v = pooled[numba.get_thread_id()]
+        y0 = oy * kh
+        y1 = min(y0 + kh, h)
+        for ox in range(out_w):
+            x0 = ox * kw
+            x1 = min(x0 + kw, w)
+            count = np.float32((y1 - y0) * (x1 - x0))
+            for c in range(np.uint64(channels)):
+                v[c] = np.float32(0.0)
+            for yy in range(y0, y1):
+                for xx in range(x0, x1):
+                    src = x[i, yy, xx]
+                    for c in range(np.uint64(channels)):
+                        v[c] += src[c]
+            for c in range(np.uint64(channels)):
+                v[c] = v[c] / count
+            row = out[i, oy * out_w + ox]
+            for o in range(np.uint64(n_out)):
+                row[o] = np.float32(0.0)
+            for c in range(channels):
+                vc = v[c]
+                src = wt[c]
+                for o in range(np.uint64(n_out)):
+                    row[o] = fma32(vc, src[o], row[o])
+            for o in range(np.uint64(n_out)):
+                row[o] = fma32(row[o], scale[o], shift[o])
+
+
 def _linear(x, wt, bias, out):
     # out (N, O) = x (N, K) @ wt (K, O) + bias, each output summed by fma in k order, then the
     # bias: one fixed order for every batch split, thread count and ISA (a BLAS sgemm picks its
@@ -504,6 +588,8 @@ with epilogue._loop_vectorizer():
                               **_jit.OPTIONS)(_pack_padded)
     _global_mean = numba.njit("void(f4[:, :, ::1], f4[:, ::1])", parallel=True, **_jit.OPTIONS)(_global_mean)
     _linear = numba.njit("void(f4[:, ::1], f4[:, ::1], f4[::1], f4[:, ::1])", parallel=True, **_jit.OPTIONS)(_linear)
+    _real_shortcut = numba.njit("void(f4[:, :, :, ::1], i8, i8, f4[:, ::1], f4[::1], f4[::1], i8, f4[:, ::1], "
+                                "f4[:, :, ::1])", parallel=True, **_jit.OPTIONS)(_real_shortcut)
     _stem = numba.njit("void(f4[:, :, :, ::1], f4[:, ::1], f4[::1], f4[::1], i8, i8, i8, i8, i8, i8, i8, i8, i8, "
                        "f4[:, :, ::1], f4[:, :, ::1], b1, i8, i8, u8[:, :, :, ::1])",
                        parallel=True, **_jit.OPTIONS)(_stem)
@@ -741,6 +827,14 @@ class _UnitStep(_Step):
         self.pxscratch = np.empty((threads, 2 * blocked.TILE_PIXELS), dtype=np.float32)
         self.out_chw = (conv.out_channels, oh, ow)
         self.out_shape = (n_img, oh * ow, conv.out_channels)
+        # A real shortcut fills the output buffer first; the epilogue adds into it as for identity.
+        self.mode = "identity" if layer["residual"] == "real" else layer["residual"]
+        self.shortcut = layer["shortcut"]
+        if self.shortcut is not None:
+            kh, kw = self.shortcut["pool"]
+            if (-(-h // kh), -(-w // kw)) != (oh, ow):
+                raise ValueError(f"{layer['name']}: shortcut output {-(-h // kh)}x{-(-w // kw)} != conv output {oh}x{ow}")
+            self.pooled = np.empty((numba.config.NUMBA_NUM_THREADS, c), dtype=np.float32)
         # An identity unit adds its output into its input's buffer, in place (epilogue.py says
         # why); the others write a buffer of their own.
         self.out = None if layer["residual"] == "identity" else arena.take(self.out_shape)
@@ -755,6 +849,10 @@ class _UnitStep(_Step):
         n_img = x.shape[0]
         # The residual: the input itself, which the epilogue then overwrites with the output.
         out = x.reshape(self.out_shape) if L["residual"] == "identity" else self.out
+        if self.shortcut is not None:
+            s = self.shortcut
+            _call(_real_shortcut, n_img * self.out_chw[1], np.ascontiguousarray(x), *s["pool"], s["wt"], s["scale"],
+                  s["shift"], self.out_chw[2], self.pooled, out)
         debug = [] if record is not None else None
         if record is None and self.n_tiles >= FUSED_MIN_TILES_PER_THREAD * _RUN_THREADS[0]:
             self._run_fused(out)
@@ -774,7 +872,7 @@ class _UnitStep(_Step):
             tasks = (g1 - g0) * -(-a.shape[1] // chunk)
             if L["residual"] == "none":
                 _call(self.ep.epilogue_none, tasks, *head, *tail)
-            elif L["residual"] == "identity":
+            elif self.mode == "identity":
                 _call(self.ep.epilogue_identity, tasks, *head, *tail)
             else:
                 d = L["down"]
@@ -805,8 +903,8 @@ class _UnitStep(_Step):
         epi = (main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift)
         tail = (out, self.bits_out if self.pack else _NO_BITS, self.pack, main.out_w, self.pad[0], self.pad[1])
         scratch = (mp.xscratch, mp.bscratch, self.ascratch[0])
-        kernel = epilogue.fused_kernel(self.ep, L["residual"])
-        if L["residual"] in ("none", "identity"):
+        kernel = epilogue.fused_kernel(self.ep, self.mode)
+        if self.mode in ("none", "identity"):
             kernel(*gemm, *scratch, self.pxscratch, *epi, *tail)
         else:
             d, dp = L["down"], down.gemm.plan

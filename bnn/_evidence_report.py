@@ -1,0 +1,191 @@
+"""The evidence grid's report: statistics per measure, results.json, results.md, accuracy.png.
+
+Everything here is computed from the journal's cell entries alone, so a rerun (or
+``--table-only``) rebuilds the same report from the same journal. Accuracies are fractions in
+the JSON (as everywhere in the project) and percent / percentage points in the table.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import platform
+
+from . import _stats
+from .paper_results import MEASURES
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Temp file, fsync, os.replace: a reader sees the old file or the new one, never half."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def host_info(device: str | None = None) -> dict:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version(), "device": device}
+    if device and device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+def host_label(info: dict) -> str:
+    gpu = f", {info['gpu']}" if info.get("gpu") else ""
+    return f"{info['cpu']}, {info['cores']} cores{gpu}, device {info.get('device')}, torch {info['torch']}"
+
+
+def _order(entries) -> list[tuple[str, str]]:
+    """(measure, downsample) groups: the paper's measures in its order, then others as met; binary first."""
+    groups = {(e["measure"], e["downsample"]) for e in entries}
+    rank = {m: i for i, m in enumerate(MEASURES)}
+    first_seen = {}
+    for i, e in enumerate(entries):
+        first_seen.setdefault(e["measure"], i)
+    return sorted(groups, key=lambda g: (g[1] != "binary", g[1], rank.get(g[0], len(rank)), first_seen[g[0]]))
+
+
+def summarize(entries: list[dict], baseline: str = "baseline") -> list[dict]:
+    """One row per (measure, downsample): mean and sample std of the test accuracy over "ok" runs,
+    the other statuses counted, and the paired difference to the baseline of the same kind."""
+    by_group: dict[tuple[str, str], dict[int, dict]] = {}
+    for e in entries:
+        by_group.setdefault((e["measure"], e["downsample"]), {})[e["seed"]] = e
+    rows = []
+    for measure, kind in _order(entries):
+        cells = by_group[(measure, kind)]
+        ok = {s: e for s, e in sorted(cells.items()) if e["status"] == "ok"}
+        tests = [e["test_acc"] for e in ok.values()]
+        counts = {st: sum(e["status"] == st for e in cells.values()) for st in ("diverged", "rejected", "error")}
+        row = {
+            "measure": measure, "genome": next(iter(cells.values()))["genome"], "downsample": kind,
+            "n": len(cells), "n_ok": len(ok), **counts,
+            "test_mean": _stats.mean(tests), "test_std": _stats.sample_std(tests),
+            "val_mean": _stats.mean(e["val_acc"] for e in ok.values()),
+            "per_seed": {str(s): (e["test_acc"] if e["status"] == "ok" else e["status"]) for s, e in sorted(cells.items())},
+            "vs_baseline": None, "verdict": "reference" if measure == baseline else "no baseline",
+        }
+        base = by_group.get((baseline, kind))
+        if measure != baseline and base is not None:
+            seeds = [s for s in ok if base.get(s, {}).get("status") == "ok"]
+            if seeds:
+                diff = _stats.paired_interval([ok[s]["test_acc"] for s in seeds], [base[s]["test_acc"] for s in seeds])
+                row["vs_baseline"] = {**diff, "seeds": seeds, "level": 0.95}
+                row["verdict"] = _stats.verdict(diff["lo"], diff["hi"])
+        rows.append(row)
+    return rows
+
+
+def _pct(v, digits=2) -> str:
+    return "-" if v is None else f"{100 * v:.{digits}f}"
+
+
+def _pp(v) -> str:
+    return "-" if v is None else f"{100 * v:+.2f}"
+
+
+def _duration(seconds: float) -> str:
+    m = round(seconds / 60)
+    return f"{m // 60} h {m % 60:02d} min" if m >= 60 else f"{seconds / 60:.1f} min"
+
+
+def protocol_sentence(p: dict) -> str:
+    train = "all training images" if p.get("train_size") is None else f"{p['train_size']:,} training images"
+    ms = ", ".join(str(m) for m in p.get("milestones") or []) or "none"
+    val = "the data set's default" if p.get("val_size") is None else f"{p['val_size']:,} images"
+    epochs = f"{p['epochs']} epoch{'s' if p['epochs'] != 1 else ''}"
+    return (f"{p['dataset']}, {p['model']}: {epochs} on {train} (validation: {val} "
+            f"held out, split seed {p.get('split_seed', 0)}), batch {p['batch_size']}, Adam lr {p['lr']:g} "
+            f"x {p.get('gamma', 0.2):g} after epochs: {ms}. Each cell reports its final model; nothing is "
+            f"selected on the test set.")
+
+
+def markdown(results: dict) -> str:
+    p, wall = results["protocol"], results["wall_s"]
+    hosts = "; ".join(results.get("cells_ran_on") or [host_label(results["host"])])
+    lines = [
+        f"# Evidence grid: does a searched measure beat XNOR on {p['dataset']}?",
+        "",
+        f"Protocol: {protocol_sentence(p)}",
+        "",
+        (f"Host: {hosts}. Wall time: {_duration(wall['cells'])} of training over {results['cells_done']} cells "
+         f"({_duration(wall['this_run'])} in the last run)."),
+        "",
+        ("Test accuracy in percent: mean and sample std over the seeds that finished \"ok\"; diverged "
+         "runs are counted, not averaged. The difference to the baseline of the same downsampling is "
+         "paired by seed (percentage points, 95% t-interval); \"beats baseline\" only when the whole "
+         "interval is above zero, \"worse\" when it is below."),
+        "",
+        "| measure | downsample | ok / runs | diverged | test % mean | std | val % mean | vs baseline, pp [95% CI] | pairs | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["rows"]:
+        d = r["vs_baseline"] or {}
+        ci = f"{_pp(d.get('mean'))} [{_pp(d.get('lo'))}, {_pp(d.get('hi'))}]" if d else "-"
+        lines.append(f"| {r['measure']} | {r['downsample']} | {r['n_ok']} / {r['n']} | {r['diverged']} | "
+                     f"{_pct(r['test_mean'])} | {_pct(r['test_std'])} | {_pct(r['val_mean'])} | {ci} | "
+                     f"{d.get('n', 0)} | {r['verdict']} |")
+    other = [f"{r['measure']}/{r['downsample']}: {r['rejected']} rejected, {r['error']} errors"
+             for r in results["rows"] if r["rejected"] or r["error"]]
+    if other:
+        lines += ["", "Not counted: " + "; ".join(other) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_png(rows: list[dict], title: str) -> bytes:
+    """Mean test accuracy per measure with std error bars, one series per downsampling kind."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measures = list(dict.fromkeys(r["measure"] for r in rows))
+    kinds = list(dict.fromkeys(r["downsample"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(measures) + 2), 4.0))
+    width = 0.7 / max(1, len(kinds))
+    for k, kind in enumerate(kinds):
+        for r in (r for r in rows if r["downsample"] == kind):
+            x = measures.index(r["measure"]) + (k - (len(kinds) - 1) / 2) * width
+            if r["test_mean"] is not None:
+                ax.errorbar(x, 100 * r["test_mean"], yerr=100 * (r["test_std"] or 0.0), fmt="o", capsize=3,
+                            color=f"C{k}", label=kind)
+            if r["diverged"]:
+                ax.annotate(f"{r['diverged']} div.", (x, 0.02), xycoords=("data", "axes fraction"),
+                            ha="center", fontsize=7, color=f"C{k}")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), [f"downsample {k}" for k in unique], loc="best")
+    ax.set_xticks(range(len(measures)), measures)
+    ax.set_xlim(-0.6, len(measures) - 0.4)
+    ax.set_ylabel("test accuracy, % (mean ± std over seeds)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_report(root: str, results: dict, plot: bool, log) -> None:
+    atomic_write(os.path.join(root, "results.json"), (json.dumps(results, indent=1) + "\n").encode())
+    atomic_write(os.path.join(root, "results.md"), markdown(results).encode())
+    if not plot:
+        return
+    try:
+        png = plot_png(results["rows"], protocol_sentence(results["protocol"]).split(":")[0])
+    except ImportError:
+        log("note: matplotlib is not installed; skipped accuracy.png (pip install matplotlib)")
+        return
+    atomic_write(os.path.join(root, "accuracy.png"), png)

@@ -1,0 +1,400 @@
+"""The evidence grid: does a searched measure beat XNOR? ``python -m bnn.evidence``.
+
+Trains every measure of the paper's table (baseline, M1..M10) over several seeds with the binary
+downsampling path, and a few of them with the real-valued one, all under one fixed protocol,
+then reports per measure the test accuracy (mean, sample std, diverged runs) and the paired
+difference to the baseline of the same downsampling with a 95% t-interval. Each cell trains for
+the protocol's epochs and reports its final model: nothing is selected on the test set.
+
+Run folder (``--root``, default ``runs/evidence-DATASET``):
+``journal.jsonl``: line 1 is the protocol, then one line per finished cell (status ok / diverged /
+rejected / error, val and test accuracy, epochs, wall seconds), appended with one write, flushed
+and fsynced. A rerun of the same command skips the finished cells ("error" cells are retried),
+cuts off a torn last line, and refuses a different protocol. ``lock``: held (fcntl.flock) for the
+whole run, so two runs cannot interleave in one root. ``results.json``, ``results.md`` and
+``accuracy.png``: the report, rewritten atomically after every cell.
+
+    python -m bnn.evidence --data-dir /work/data                 # the whole grid
+    python -m bnn.evidence --measures baseline,3-0-3-0-0-1-6 --real-measures none
+    python -m bnn.evidence --smoke --root /tmp/ev                # 2 measures x 2 seeds on digits
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import sys
+import time
+
+from refimpl.genome import Genome
+
+from . import _evidence_report as report
+from .paper_results import MEASURES
+
+# =============================================================================================
+# The protocol: the only place its defaults are set. Every option below can override them.
+PROTOCOLS = {
+    # TODO(lead): set from mnist_net's measured speed so 36 cells fit 2 hours on 2 CPU cores.
+    "fashion-mnist": dict(
+        epochs=2,  # full passes over the training subset
+        train_size=20000,  # training images used (a seeded subset of the 55,000 left after validation)
+        batch_size=128,  # images per step
+        lr=5e-3,  # Adam learning rate
+        milestones=(),  # epochs after which lr *= gamma (0.2)
+    ),
+    # The embedded 8x8 set: the smoke test's data (1,293 training images).
+    "digits": dict(epochs=30, train_size=None, batch_size=128, lr=5e-3, milestones=(22,)),
+}
+PROTOCOLS["mnist"] = dict(PROTOCOLS["fashion-mnist"])
+SEEDS = (0, 1, 2)
+REAL_MEASURES = ("baseline", "M5", "M9")  # also trained with downsample=real
+# --smoke: a whole grid in seconds (4 cells of 3 steps), for tests and a first look.
+SMOKE = dict(dataset="digits", measures="baseline,M1", seeds="0,1", real_measures="none", epochs=1,
+             batch_size=512, milestones="")
+
+STATUSES = ("ok", "diverged", "rejected", "error")
+FINAL = ("ok", "diverged", "rejected")  # an "error" cell is trained again by a rerun
+# Fields of TrainConfig that vary per cell or only say where/how to run: not part of the protocol.
+_NOT_PROTOCOL = ("measure", "seed", "downsample", "device", "data_dir", "out_dir", "resume", "download",
+                 "compile", "eval_test")
+
+
+class GridError(Exception):
+    """A one-line user error: the CLI prints it and exits 2."""
+
+
+# =============================================================================================
+# Cells and the protocol
+
+
+def _train_fields() -> set[str]:
+    from .train import TrainConfig
+
+    return {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def measure_label(text: str) -> tuple[str, str]:
+    """(label, genome): the registered name when it has one, else the canonical genome text."""
+    g = Genome.parse(text.strip())
+    return g.name or str(g), str(g)
+
+
+def plan_cells(measures, seeds, real_measures) -> list[dict]:
+    cells = []
+    for kind, names in (("binary", measures), ("real", real_measures)):
+        for name in names:
+            label, genome = measure_label(name)
+            for seed in seeds:
+                cells.append({"key": f"{label}/{kind}/s{seed}", "measure": label, "genome": genome,
+                              "downsample": kind, "seed": seed})
+    return list({c["key"]: c for c in cells}.values())  # a measure named twice runs once
+
+
+def base_config(dataset: str, model: str | None, protocol: dict, data_dir, device):
+    """The TrainConfig every cell shares: the data set's preset (its recipe), the protocol on top."""
+    from .train import DEFAULT_MODEL, DEFAULT_PRESET, PRESETS, TrainConfig
+
+    known = _train_fields()
+    for key, value in protocol.items():
+        if value is not None and key not in known:
+            raise GridError(f"this bnn.train has no {key} option; pass --{key.replace('_', '-')} 0 or update bnn")
+    model = model or DEFAULT_MODEL.get(dataset)
+    if model is None:
+        raise GridError(f"{dataset} has no default model in bnn.train; pass --model")
+    preset = PRESETS.get(DEFAULT_PRESET.get(dataset), {})
+    overrides = {k: v for k, v in protocol.items() if v is not None}  # None: the config's default
+    try:
+        cfg = TrainConfig(**{**preset, "dataset": dataset, "model": model, "data_dir": data_dir, "device": device,
+                             **overrides})
+        cfg.validate()
+    except ValueError as exc:
+        raise GridError(str(exc)) from None
+    return cfg
+
+
+def protocol_of(cfg) -> dict:
+    """What makes two cells comparable: every training field but the per-cell ones."""
+    d = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_PROTOCOL}
+    return json.loads(json.dumps(d))  # tuples -> lists, as the journal holds them
+
+
+def cell_config(base, cell: dict):
+    return dataclasses.replace(base, measure=cell["genome"], seed=cell["seed"], downsample=cell["downsample"])
+
+
+# =============================================================================================
+# Journal and lock
+
+
+def lock_root(root: str):
+    """An exclusive flock on ROOT/lock, held while the returned file stays open."""
+    os.makedirs(root, exist_ok=True)
+    f = open(os.path.join(root, "lock"), "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        f.close()
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            raise GridError(f"another bnn.evidence run holds {root} (its lock file is locked); "
+                            "wait for it to finish or use another --root") from None
+        raise
+    return f
+
+
+def read_journal(path: str, log) -> tuple[dict | None, dict[str, dict]]:
+    """(protocol, finished cells by key; the last line of a key wins). A torn last line, left
+    by a kill in the middle of a write, is reported and cut off; any other bad line is an error."""
+    if not os.path.isfile(path):
+        return None, {}
+    with open(path, "rb") as f:
+        raw = f.read()
+    lines, good_end, rows = raw.split(b"\n"), 0, []
+    for i, line in enumerate(lines):
+        last = i == len(lines) - 1
+        if last and not line:
+            break
+        try:
+            row = json.loads(line)
+            if last:  # complete JSON without its newline: the write was cut before it ended
+                raise ValueError
+        except ValueError:
+            if not (last or (i == len(lines) - 2 and not lines[-1])):
+                raise GridError(f"{path} line {i + 1} is not JSON; repair or remove that line, or use another --root") from None
+            log(f"{path}: ignored a torn last line")
+            with open(path, "r+b") as f:
+                f.truncate(good_end)
+                f.flush()
+                os.fsync(f.fileno())
+            break
+        rows.append(row)
+        good_end += len(line) + 1
+    if not rows:
+        return None, {}
+    if rows[0].get("kind") != "protocol":
+        raise GridError(f"{path} does not start with a protocol line; use another --root")
+    if any("key" not in r or r.get("status") not in STATUSES for r in rows[1:]):
+        raise GridError(f"{path} holds a line that is not a cell of this grid; use another --root")
+    return rows[0]["protocol"], {r["key"]: r for r in rows[1:]}
+
+
+def append_line(path: str, row: dict) -> None:
+    data = (json.dumps(row) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)  # one write per line: a kill leaves a whole line or a torn tail
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_protocol(saved: dict, wanted: dict, root: str) -> None:
+    for key in sorted(set(saved) | set(wanted)):
+        if saved.get(key) != wanted.get(key):
+            raise GridError(f"{root} holds a grid run with {key}={saved.get(key)!r}, not {wanted.get(key)!r}; "
+                            "use another --root (or the same options)")
+
+
+# =============================================================================================
+# Running the grid
+
+
+def _train_cell(cfg, data) -> dict:
+    from .train import train_model
+
+    try:
+        r = train_model(cfg, data=data, progress=False)
+    except Exception as exc:  # noqa: BLE001  a cell that crashes must not stop the grid
+        return {"status": "error", "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]}
+    return {"status": r.status, "val_acc": r.val_acc, "test_acc": r.test_acc, "epochs": r.epochs}
+
+
+def _cell_line(i: int, n: int, row: dict) -> str:
+    def pct(v):
+        return "n/a" if v is None else f"{100 * v:.2f}%"
+
+    tail = f": {row['error']}" if row["status"] == "error" else ""
+    return (f"[{i}/{n}] {row['key']}: {row['status']}, test {pct(row.get('test_acc'))}, val {pct(row.get('val_acc'))}, "
+            f"{row['wall_s']:.0f} s{tail}")
+
+
+def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bool = True, log=print) -> dict:
+    """Train the cells not yet in the journal, then write the report; returns results.json's content."""
+    t0 = time.perf_counter()
+    protocol = protocol_of(base)
+    journal = os.path.join(root, "journal.jsonl")
+    configs = {c["key"]: cell_config(base, c) for c in cells}
+    with lock_root(root):
+        saved, done = read_journal(journal, log)
+        if saved is None:
+            with open(journal, "wb"):
+                pass  # a torn protocol line is replaced, not appended to
+            append_line(journal, {"kind": "protocol", "version": 1, "protocol": protocol})
+        else:
+            check_protocol(saved, protocol, root)
+        todo = [c for c in cells if done.get(c["key"], {}).get("status") not in FINAL]
+        log(f"{root}: {len(cells) - len(todo)} of {len(cells)} cells already finished, {len(todo)} to train")
+        device, data = _load(base) if todo else (base.device, None)
+        host = report.host_label(report.host_info(device))
+        bar = _bar(len(todo), progress)
+        for i, cell in enumerate(todo, 1):
+            t_cell = time.perf_counter()
+            cfg = dataclasses.replace(configs[cell["key"]], device=device)
+            row = {**cell, **_train_cell(cfg, data), "device": device, "host": host, "wall_s": round(time.perf_counter() - t_cell, 3)}
+            append_line(journal, row)
+            done[cell["key"]] = row
+            (bar.write if bar is not None else log)(_cell_line(i, len(todo), row))
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        results = build_results(saved or protocol, done, device, time.perf_counter() - t0)
+        report.write_report(root, results, plot, log)
+    return results
+
+
+def build_results(protocol: dict, done: dict[str, dict], device: str, this_run_s: float) -> dict:
+    entries = list(done.values())
+    return {
+        "protocol": protocol,
+        "host": report.host_info(device),
+        "cells_ran_on": sorted({e["host"] for e in entries if e.get("host")}),
+        "wall_s": {"cells": round(sum(e.get("wall_s", 0.0) for e in entries), 1), "this_run": round(this_run_s, 1)},
+        "cells_done": len(entries),
+        "rows": report.summarize(entries),
+    }
+
+
+def _load(base):
+    from .data import load_dataset
+    from .train import resolve_device
+
+    try:
+        device = resolve_device(base.device, base.dataset)
+        subset = {"train_size": base.train_size} if "train_size" in _train_fields() else {}
+        data = load_dataset(base.dataset, base.data_dir, base.val_size, base.split_seed, device, base.download, **subset)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        raise GridError(str(exc)) from None
+    return str(device), data
+
+
+def _bar(total: int, enabled: bool):
+    if not enabled or total == 0:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="cells", unit="cell", file=sys.stderr, dynamic_ncols=True)
+
+
+# =============================================================================================
+# Command line
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m bnn.evidence",
+                description="Train the paper's measures over seeds under one protocol and test whether any beats XNOR.")
+    p.add_argument("--dataset", help="fashion-mnist (default), mnist or digits")
+    p.add_argument("--model", help="network (default: the data set's default, mnist_net for MNIST-like sets)")
+    p.add_argument("--data-dir", help="folder with the data set's files (default: $BNN_DATA_DIR or ./data)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--root", help="run folder: journal, lock, results (default: runs/evidence-DATASET)")
+    p.add_argument("--measures", help=f"comma-separated names or genomes, downsample=binary (default: {','.join(MEASURES)})")
+    p.add_argument("--seeds", help=f"comma-separated seeds (default: {','.join(map(str, SEEDS))})")
+    p.add_argument("--real-measures", help=f"measures also run with downsample=real, or 'none' (default: {','.join(REAL_MEASURES)})")
+    p.add_argument("--epochs", type=int, help="epochs per cell (default: the protocol's, see PROTOCOLS)")
+    p.add_argument("--train-size", type=int, help="training images per epoch; 0 = all (default: the protocol's)")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--milestones", help="comma-separated epochs after which the lr is multiplied by gamma")
+    p.add_argument("--val-size", type=int, help="validation images held out of the training set")
+    p.add_argument("--smoke", action="store_true", help="a tiny grid on digits: baseline,M1 x seeds 0,1 x 1 epoch of 3 steps")
+    p.add_argument("--table-only", action="store_true", help="rewrite the report from the journal, train nothing")
+    p.add_argument("--json", action="store_true", help="print results.json's content as the last line of stdout")
+    p.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True, help="write accuracy.png (needs matplotlib)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise GridError(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+def _names(text: str | None, default) -> list[str]:
+    if text is None:
+        return list(default)
+    return [] if text.strip().lower() in ("", "none") else [v.strip() for v in text.split(",") if v.strip()]
+
+
+def setup(args) -> tuple[str, object, list[dict]]:
+    """(root, base config, cells) from the command line; GridError for bad input."""
+    if args.smoke:  # the smoke grid's values stand where an option was not given
+        for key, value in SMOKE.items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+    wanted = args.dataset or "fashion-mnist"
+    dataset = {k.replace("-", ""): k for k in PROTOCOLS}.get(wanted.lower().replace("-", ""))
+    if dataset is None:
+        raise GridError(f"unknown dataset {wanted!r}; choose one of {', '.join(PROTOCOLS)}")
+    protocol = dict(PROTOCOLS[dataset])
+    protocol.update({k: getattr(args, k) for k in ("epochs", "batch_size", "lr", "val_size") if getattr(args, k) is not None})
+    if args.train_size is not None:
+        protocol["train_size"] = args.train_size or None
+    if args.milestones is not None:
+        protocol["milestones"] = tuple(_int_list(args.milestones, "--milestones"))
+    seeds = _int_list(args.seeds, "--seeds") if args.seeds is not None else list(SEEDS)
+    try:
+        cells = plan_cells(_names(args.measures, MEASURES), seeds, _names(args.real_measures, REAL_MEASURES))
+    except ValueError as exc:
+        raise GridError(str(exc)) from None
+    if not cells:
+        raise GridError("no cells to run: give at least one measure and one seed")
+    base = base_config(dataset, args.model, protocol, args.data_dir, args.device)
+    return args.root or os.path.join("runs", f"evidence-{dataset}"), base, cells
+
+
+def table_only(root: str, plot: bool, log) -> dict:
+    with lock_root(root):
+        saved, done = read_journal(os.path.join(root, "journal.jsonl"), log)
+        if saved is None:
+            raise GridError(f"{root} has no journal to tabulate; run the grid first")
+        results = build_results(saved, done, "n/a", 0.0)
+        report.write_report(root, results, plot, log)
+    return results
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+
+    def log(line):
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        root, base, cells = setup(args)
+        if args.table_only:
+            results = table_only(root, args.plot, log)
+        else:
+            results = run_grid(root, base, cells, progress=not args.no_progress, plot=args.plot, log=log)
+    except GridError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(results))
+    else:
+        print(report.markdown(results))
+        print(f"report written to {root}/results.md, results.json" + (", accuracy.png" if args.plot else ""))
+    return 1 if any(r["error"] for r in results["rows"]) else 0  # a crashed cell is not a result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""The evidence grid: its statistics, a whole tiny grid on digits, resume, the journal and the lock."""
+import fcntl
+import json
+import math
+import os
+import statistics
+
+import numpy as np
+import pytest
+
+from bnn import _stats, evidence
+from bnn import train as bnn_train
+from bnn._evidence_report import summarize
+
+scipy_stats = pytest.importorskip("scipy.stats")
+
+
+# =============================================================================================
+# Statistics
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 5, 7, 10, 19, 29, 30, 31, 50, 120, 1000])
+def test_t_quantile_matches_scipy(df):
+    for p in (0.5, 0.6, 0.9, 0.95, 0.975, 0.995, 0.9995, 0.025, 0.001):
+        assert _stats.t_ppf(p, df) == pytest.approx(scipy_stats.t.ppf(p, df), rel=1e-9, abs=1e-12)
+
+
+def test_t_quantile_refuses_a_probability_outside_0_1():
+    with pytest.raises(ValueError, match="0 < p < 1"):
+        _stats.t_ppf(1.0, 3)
+
+
+def test_mean_and_sample_std_match_numpy():
+    xs = [0.871, 0.8632, 0.8795, 0.8801]
+    assert _stats.mean(xs) == pytest.approx(np.mean(xs), abs=1e-15)
+    assert _stats.sample_std(xs) == pytest.approx(np.std(xs, ddof=1), abs=1e-15)
+    assert _stats.sample_std([0.5]) is None and _stats.mean([]) is None
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 12])
+def test_paired_interval_matches_scipys_t_interval(n):
+    rng = np.random.default_rng(n)
+    x, y = rng.normal(0.88, 0.01, n), rng.normal(0.87, 0.01, n)
+    d = x - y
+    lo, hi = scipy_stats.t.interval(0.95, n - 1, loc=d.mean(), scale=scipy_stats.sem(d))
+    got = _stats.paired_interval(list(x), list(y))
+    assert got["n"] == n and got["mean"] == pytest.approx(d.mean(), abs=1e-14)
+    assert (got["lo"], got["hi"]) == (pytest.approx(lo, abs=1e-12), pytest.approx(hi, abs=1e-12))
+
+
+def test_paired_interval_of_one_pair_has_no_bounds():
+    assert _stats.paired_interval([0.9], [0.8]) == {"n": 1, "mean": pytest.approx(0.1), "lo": None, "hi": None}
+
+
+@pytest.mark.parametrize("lo, hi, expected", [
+    (0.001, 0.02, "beats baseline"),
+    (-0.02, -0.001, "worse"),
+    (-0.01, 0.01, "within noise"),
+    (0.0, 0.01, "within noise"),  # touching zero is not beating it
+    (-0.01, 0.0, "within noise"),
+    (None, None, "within noise"),
+])
+def test_verdict_needs_the_whole_interval_on_one_side_of_zero(lo, hi, expected):
+    assert _stats.verdict(lo, hi) == expected
+
+
+def _entry(measure, seed, status="ok", test=None, kind="binary"):
+    return {"key": f"{measure}/{kind}/s{seed}", "measure": measure, "genome": measure, "downsample": kind,
+            "seed": seed, "status": status, "test_acc": test, "val_acc": test, "wall_s": 1.0}
+
+
+def test_summary_counts_diverged_runs_apart_and_pairs_only_seeds_both_finished():
+    entries = [_entry("baseline", 0, test=0.80), _entry("baseline", 1, test=0.82), _entry("baseline", 2, test=0.84),
+               _entry("M1", 0, test=0.83), _entry("M1", 1, test=0.85), _entry("M1", 2, "diverged"),
+               _entry("M2", 0, test=0.70), _entry("M2", 1, test=0.72), _entry("M2", 2, test=0.74),
+               _entry("M5", 0, test=0.79), _entry("M5", 1, test=0.85),
+               _entry("baseline", 0, test=0.5, kind="real")]
+    rows = {(r["measure"], r["downsample"]): r for r in summarize(entries)}
+    m1 = rows[("M1", "binary")]
+    # diverged: counted, left out of the mean (0.84 by hand), not a zero accuracy
+    assert (m1["n"], m1["n_ok"], m1["diverged"]) == (3, 2, 1)
+    assert m1["test_mean"] == pytest.approx(0.84) and m1["test_std"] == pytest.approx(math.sqrt(2e-4))
+    assert m1["per_seed"] == {"0": 0.83, "1": 0.85, "2": "diverged"}
+    # paired over seeds 0 and 1 only: differences +0.03 and +0.03, an interval of zero width
+    assert m1["vs_baseline"]["seeds"] == [0, 1] and m1["vs_baseline"]["mean"] == pytest.approx(0.03)
+    assert m1["verdict"] == "beats baseline"
+    assert rows[("M2", "binary")]["verdict"] == "worse"  # -0.10 on every seed
+    assert rows[("M5", "binary")]["verdict"] == "within noise"  # -0.01 and +0.03
+    assert rows[("baseline", "binary")]["verdict"] == "reference"
+    assert rows[("baseline", "real")]["test_mean"] == 0.5
+    assert [(r["measure"], r["downsample"]) for r in summarize(entries)][:2] == [("baseline", "binary"), ("M1", "binary")]
+
+
+# =============================================================================================
+# The grid with a stand-in for training (journal, resume, protocol, lock)
+
+
+@pytest.fixture
+def fake_train(monkeypatch):
+    """Replaces bnn.train.train_model: instant, deterministic, and counts its calls."""
+    calls = _Calls()
+    calls.fail = set()
+
+    def train_model(cfg, data=None, **kw):
+        calls.append(cfg)
+        if (cfg.measure, cfg.seed) in calls.fail:
+            raise RuntimeError("boom")
+        acc = 0.5 + 0.01 * cfg.seed + (0.1 if cfg.measure != "0-0-0-0-0-0-1" else 0.0)
+        return bnn_train.TrainResult(status="ok", val_acc=acc + 0.001, test_acc=acc, epochs=cfg.epochs)
+
+    monkeypatch.setattr(bnn_train, "train_model", train_model)
+    return calls
+
+
+class _Calls(list):
+    fail: set
+
+
+def _grid(root, *extra):
+    return ["--dataset", "digits", "--epochs", "1", "--root", str(root), "--no-progress", "--no-plot", *extra]
+
+
+def _read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def _journal(root):
+    with open(os.path.join(root, "journal.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_rerun_trains_only_the_cells_not_yet_finished(tmp_path, fake_train, capsys):
+    root = tmp_path / "grid"
+    assert evidence.main(_grid(root, "--measures", "baseline", "--seeds", "0,1", "--real-measures", "none")) == 0
+    assert [(c.measure, c.seed) for c in fake_train] == [("0-0-0-0-0-0-1", 0), ("0-0-0-0-0-0-1", 1)]
+    assert len(_journal(root)) == 1 + 2
+    assert evidence.main(_grid(root, "--measures", "baseline,M1", "--seeds", "0,1", "--real-measures", "none")) == 0
+    assert [(c.measure, c.seed) for c in fake_train[2:]] == [("3-0-3-0-0-1-6", 0), ("3-0-3-0-0-1-6", 1)]
+    assert len(_journal(root)) == 1 + 4
+    assert evidence.main(_grid(root, "--measures", "baseline,M1", "--seeds", "0,1", "--real-measures", "none")) == 0
+    assert len(fake_train) == 4 and len(_journal(root)) == 1 + 4
+    results = _read_json(root / "results.json")
+    m1 = next(r for r in results["rows"] if r["measure"] == "M1")
+    assert m1["per_seed"] == {"0": 0.6, "1": 0.61} and m1["vs_baseline"]["mean"] == pytest.approx(0.1)
+
+
+def test_every_cell_gets_the_protocol_and_its_own_measure_and_seed(tmp_path, fake_train, capsys):
+    args = _grid(tmp_path, "--measures", "M9", "--seeds", "3", "--batch-size", "64", "--lr", "0.002",
+                 "--milestones", "5,7", "--real-measures", "baseline")
+    assert evidence.main(args) == 0
+    assert [(c.measure, c.downsample, c.seed) for c in fake_train] == \
+        [("3-2-3-10-0-4-6", "binary", 3), ("0-0-0-0-0-0-1", "real", 3)]  # M9's genome, then the baseline's
+    for cfg in fake_train:
+        assert (cfg.dataset, cfg.model, cfg.epochs, cfg.batch_size, cfg.lr, cfg.milestones) == \
+            ("digits", "digits_net", 1, 64, 0.002, (5, 7))
+        assert cfg.out_dir is None and cfg.eval_test
+    rows = _read_json(tmp_path / "results.json")["rows"]
+    assert [(r["measure"], r["downsample"], r["verdict"]) for r in rows] == \
+        [("M9", "binary", "no baseline"), ("baseline", "real", "reference")]
+
+
+def test_a_crashed_cell_is_journaled_as_error_and_trained_again_by_a_rerun(tmp_path, fake_train, capsys):
+    fake_train.fail.add(("3-0-3-0-0-1-6", 1))
+    args = _grid(tmp_path, "--measures", "baseline,M1", "--seeds", "0,1", "--real-measures", "none")
+    assert evidence.main(args) == 1
+    err = [r for r in _journal(tmp_path)[1:] if r["status"] == "error"]
+    assert [r["key"] for r in err] == ["M1/binary/s1"] and "RuntimeError: boom" in err[0]["error"]
+    fake_train.fail.clear()
+    assert evidence.main(args) == 0
+    assert len(fake_train) == 5 and _journal(tmp_path)[-1]["status"] == "ok"
+
+
+def test_a_torn_last_line_is_reported_and_cut_off(tmp_path, fake_train, capsys):
+    args = _grid(tmp_path, "--measures", "baseline", "--seeds", "0,1", "--real-measures", "none")
+    assert evidence.main(args) == 0
+    path = tmp_path / "journal.jsonl"
+    whole = path.read_bytes()
+    lines = whole.splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:-1]) + lines[-1][:25])  # the last cell's write was cut
+    capsys.readouterr()
+    assert evidence.main(args) == 0
+    assert "ignored a torn last line" in capsys.readouterr().err
+    assert len(fake_train) == 3 and fake_train[-1].seed == 1  # only the torn cell again
+    assert len(_journal(tmp_path)) == 3
+
+
+def test_a_different_protocol_in_the_same_root_is_refused(tmp_path, fake_train, capsys):
+    args = ["--measures", "baseline", "--seeds", "0", "--real-measures", "none"]
+    assert evidence.main(_grid(tmp_path, *args)) == 0
+    before = (tmp_path / "journal.jsonl").read_bytes()
+    capsys.readouterr()
+    assert evidence.main(_grid(tmp_path, *args, "--batch-size", "32")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "batch_size=128, not 32" in err and "another --root" in err
+    assert (tmp_path / "journal.jsonl").read_bytes() == before and len(fake_train) == 1
+
+
+def test_a_second_run_into_a_locked_root_is_refused(tmp_path, fake_train, capsys):
+    with open(tmp_path / "lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running grid holds it
+        assert evidence.main(_grid(tmp_path, "--measures", "baseline", "--seeds", "0")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: another bnn.evidence run holds") and err.count("\n") == 1
+    assert not fake_train and not (tmp_path / "journal.jsonl").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seeds", "0,x"], "--seeds must be comma-separated integers"),
+    (["--measures", "M99"], "unknown genome 'M99'"),
+    (["--dataset", "imagenet"], "unknown dataset 'imagenet'"),
+    (["--measures", "none", "--real-measures", "none"], "no cells to run"),
+])
+def test_bad_options_get_one_line_and_exit_2(tmp_path, args, message, capsys):
+    assert evidence.main(["--root", str(tmp_path / "r"), "--no-progress", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_table_only_rebuilds_the_report_from_the_journal(tmp_path, fake_train, capsys):
+    assert evidence.main(_grid(tmp_path, "--measures", "baseline,M1", "--seeds", "0,1", "--real-measures", "none")) == 0
+    first = _read_json(tmp_path / "results.json")
+    os.remove(tmp_path / "results.json")
+    assert evidence.main(_grid(tmp_path, "--table-only")) == 0
+    assert _read_json(tmp_path / "results.json")["rows"] == first["rows"] and len(fake_train) == 4
+
+
+# =============================================================================================
+# A whole tiny grid, really trained
+
+
+def test_smoke_grid_trains_reports_and_journals_on_digits(tmp_path, capsys):
+    root = tmp_path / "smoke"
+    assert evidence.main(["--smoke", "--root", str(root), "--no-progress", "--json"]) == 0
+    out = capsys.readouterr().out
+    results = json.loads(out.strip().splitlines()[-1])
+    assert results == _read_json(root / "results.json")
+    journal = _journal(root)
+    assert journal[0]["kind"] == "protocol" and journal[0]["protocol"]["epochs"] == 1
+    cells = {r["key"]: r for r in journal[1:]}
+    assert sorted(cells) == ["M1/binary/s0", "M1/binary/s1", "baseline/binary/s0", "baseline/binary/s1"]
+    assert all(r["epochs"] == 1 and r["wall_s"] > 0 for r in cells.values())
+    rows = {r["measure"]: r for r in results["rows"]}
+    for m in ("baseline", "M1"):
+        ok = [cells[f"{m}/binary/s{s}"]["test_acc"] for s in (0, 1) if cells[f"{m}/binary/s{s}"]["status"] == "ok"]
+        assert rows[m]["n"] == 2 and rows[m]["n_ok"] == len(ok)
+        if ok:
+            assert rows[m]["test_mean"] == pytest.approx(statistics.mean(ok), abs=1e-12)
+    assert results["host"]["cores"] == os.cpu_count() and results["wall_s"]["cells"] > 0
+    # the grid reports the final model of a plain bnn.train run with the same protocol
+    cfg = bnn_train.TrainConfig(dataset="digits", model="digits_net", epochs=1, batch_size=512, milestones=(), seed=1)
+    assert cells["baseline/binary/s1"]["test_acc"] == bnn_train.train_model(cfg).test_acc
+    md = (root / "results.md").read_text()
+    assert "1 epoch on all training images" in md and "| baseline | binary | " in md and "| M1 | binary | " in md
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (root / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
