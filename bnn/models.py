@@ -41,8 +41,12 @@ _RESNET_STAGES = {
     "resnet34": ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)),
 }
 DIGITS_WIDTH = 64  # channels of digits_net: wide enough for >=95% with any paper measure
-# VGG13 for CIFAR: 'M' = 2x2 max-pool; five pools take 32x32 to 1x1.
+# VGG13 for CIFAR: 'M' = 2x2 max-pool; five pools take 32x32 to 1x1 (28x28: 14, 7, 4, 2, 1).
 _VGG13 = (64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
+# mnist_net for 1x28x28: a stride-2 full-precision stem to 14x14, then (width, units) per stage,
+# each stage after the first opening with a stride-2 unit: 32 at 14x14, 64 at 7x7, 128 at 4x4.
+MNIST_STEM = (32, 2)  # stem channels, stem stride
+_MNIST_STAGES = ((32, 1), (64, 2), (128, 2))
 
 
 DOWNSAMPLE_KINDS = ("binary", "real")
@@ -99,10 +103,10 @@ class BNNet(nn.Module):
     """stem -> stem_bn -> body -> global average pool -> classifier (see the module docstring)."""
 
     def __init__(self, arch, measure, num_classes, input_shape, stem_out, stem_kernel, body, body_out,
-                 downsample="binary"):
+                 downsample="binary", stem_stride=1):
         super().__init__()
         in_ch = input_shape[0]
-        self.stem = nn.Conv2d(in_ch, stem_out, stem_kernel, padding=stem_kernel // 2, bias=False)
+        self.stem = nn.Conv2d(in_ch, stem_out, stem_kernel, stride=stem_stride, padding=stem_kernel // 2, bias=False)
         self.stem_bn = nn.BatchNorm2d(stem_out)
         self.body = nn.Sequential(*body)
         self.pool = nn.AdaptiveAvgPool2d(1)
@@ -142,12 +146,16 @@ def resnet34(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary
 
 
 def vgg13(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
-    _require_size("vgg13", input_shape, 32)
     widths = list(_VGG13)
     body, ch = [], widths.pop(0)  # the first 64-channel convolution is the full-precision stem
+    size = list(input_shape[1:])
     for v in widths:
         if v == "M":
-            body.append(nn.MaxPool2d(2))
+            # An odd side pads one (-inf) row/column, so its last row is pooled, not dropped:
+            # 28x28 ends at 1x1 like 32x32 (the engine has no ceil_mode; padding is exact).
+            pad = tuple(n % 2 for n in size)
+            body.append(nn.MaxPool2d(2, padding=pad if any(pad) else 0))
+            size = [(n + 1) // 2 for n in size]
         else:
             body.append(BinaryUnit(ch, v, 3, 1, 1, measure, binary=binary))
             ch = v
@@ -157,8 +165,7 @@ def vgg13(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=Tr
 
 def nin(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
     """Network in Network for CIFAR (Lin et al. 2014; XNOR-Net's binary version's widths)."""
-    _require_size("nin", input_shape, 32)
-
+    # Fully convolutional with global pooling: 28x28 runs as 28 -> 14 -> 7, 32x32 as 32 -> 16 -> 8.
     def unit(i, o, k):
         return BinaryUnit(i, o, k, 1, k // 2, measure, binary=binary)
 
@@ -182,18 +189,28 @@ def digits_net(measure="baseline", num_classes=10, input_shape=(1, 8, 8), binary
     return BNNet("digits_net", measure, num_classes, input_shape, w, 3, body, w, downsample)
 
 
+def mnist_net(measure="baseline", num_classes=10, input_shape=(1, 28, 28), binary=True, downsample="binary"):
+    """Small and fast for 1x28x28 (MNIST, Fashion-MNIST) on a CPU: a stride-2 3x3 full-precision
+    stem, then binary 3x3 units with Bi-Real shortcuts, 32 -> 64 -> 128 channels on 14 -> 7 -> 4
+    maps; a stage's first unit has stride 2 and its shortcut is the downsampling path."""
+    stem, stem_stride = MNIST_STEM
+    body, ch = [], stem
+    for i, (width, units) in enumerate(_MNIST_STAGES):
+        for j in range(units):
+            s = 2 if i > 0 and j == 0 else 1
+            body.append(BinaryUnit(ch, width, 3, s, 1, measure, residual=True, binary=binary, downsample=downsample))
+            ch = width
+    return BNNet("mnist_net", measure, num_classes, input_shape, stem, 3, body, ch, downsample, stem_stride)
+
+
 MODELS = {
     "resnet18": resnet18,
     "resnet34": resnet34,
     "vgg13": vgg13,
     "nin": nin,
     "digits_net": digits_net,
+    "mnist_net": mnist_net,
 }
-
-
-def _require_size(arch, input_shape, size):
-    if tuple(input_shape[1:]) != (size, size):
-        raise ValueError(f"{arch} is built for {size}x{size} inputs, got {input_shape[1]}x{input_shape[2]}")
 
 
 def build_model(arch, measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True,

@@ -7,9 +7,10 @@ from bnn.layers import BinaryConv2d
 from bnn.models import MODELS, BinaryUnit, binary_layers, build_model
 from refimpl.genome import Genome
 
-SHAPES = {"digits_net": (1, 8, 8)}
+SHAPES = {"digits_net": (1, 8, 8), "mnist_net": (1, 28, 28)}
 # 3x3 binary convolutions plus binary 1x1 downsampling convolutions (SPEC §6).
-BINARY_LAYER_COUNT = {"resnet18": 16 + 3, "resnet34": 32 + 3, "vgg13": 9, "nin": 7, "digits_net": 3}
+BINARY_LAYER_COUNT = {"resnet18": 16 + 3, "resnet34": 32 + 3, "vgg13": 9, "nin": 7, "digits_net": 3,
+                      "mnist_net": 5 + 2}
 
 
 def _build(name, measure="baseline", num_classes=10):
@@ -93,9 +94,74 @@ def test_unknown_model_and_measure_raise_value_error():
         build_model("resnet18", "M11")
 
 
-def test_vgg_and_nin_refuse_inputs_they_were_not_built_for():
-    with pytest.raises(ValueError, match="32x32"):
-        build_model("vgg13", input_shape=(1, 8, 8))
+def _map_sizes(model, x):
+    """(channels, height, width) after the stem and after every body layer, from forward hooks."""
+    sizes = []
+    hooks = [m.register_forward_hook(lambda m, i, o: sizes.append(tuple(o.shape[1:])))
+             for m in (model.stem, *model.body)]
+    with torch.no_grad():
+        model.eval()(x)
+    for h in hooks:
+        h.remove()
+    return sizes
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_family_runs_on_mnist_shaped_inputs(name):
+    # Issue 15: each family adapts to 1x28x28 or refuses with a reason; all of them adapt.
+    torch.manual_seed(0)
+    model = build_model(name, num_classes=10, input_shape=(1, 28, 28))
+    with torch.no_grad():
+        out = model.eval()(torch.randn(2, 1, 28, 28))
+    assert out.shape == (2, 10) and torch.isfinite(out).all()
+
+
+def test_vgg13_pools_28x28_down_to_1x1_like_32x32():
+    # An odd map pads one row and column, so 7x7 pools to 4x4 and its last row is kept.
+    for side, pooled in ((28, [14, 7, 4, 2, 1]), (32, [16, 8, 4, 2, 1])):
+        model = build_model("vgg13", input_shape=(1, side, side))
+        sizes = _map_sizes(model, torch.randn(1, 1, side, side))
+        pools = [s[1:] for s, m in zip(sizes[1:], model.body) if isinstance(m, nn.MaxPool2d)]
+        assert pools == [(p, p) for p in pooled]
+
+
+def test_mnist_net_stages_on_28x28():
+    model = build_model("mnist_net", input_shape=(1, 28, 28))
+    assert model.stem.stride == (2, 2)
+    assert _map_sizes(model, torch.randn(2, 1, 28, 28)) == [
+        (32, 14, 14), (32, 14, 14), (64, 7, 7), (64, 7, 7), (128, 4, 4), (128, 4, 4)]
+    units = list(model.body)
+    assert all(isinstance(u, BinaryUnit) and u.residual and u.conv.kernel_size == (3, 3) for u in units)
+    # The two stride-2 units carry the downsampling shortcut; the others add their input.
+    assert [u.down_conv is not None for u in units] == [False, True, False, True, False]
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_mnist_net_forward_and_backward(binary):
+    torch.manual_seed(0)
+    model = build_model("mnist_net", "baseline", 10, (1, 28, 28), binary=binary)
+    x = torch.randn(4, 1, 28, 28)
+    loss = nn.functional.cross_entropy(model(x), torch.tensor([0, 3, 7, 9]))
+    loss.backward()
+    assert model(x).shape == (4, 10)
+    # Every weight and BatchNorm gets a finite, nonzero gradient (alpha rows of slots whose
+    # operator ignores alpha get none, by design).
+    for name, p in model.named_parameters():
+        if not name.endswith("alpha"):
+            assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+def test_mnist_net_parameter_count():
+    # By hand: 3x3 weights 32*32 + 32*64 + 64*64 + 64*128 + 128*128 (x9), 1x1 downsampling 32*64
+    # + 64*128, stem 1*32*9, BatchNorms 2*(32 + 32 + 64 + 64 + 64 + 128 + 128 + 128), classifier 128*10 + 10.
+    weights = 9 * (32 * 32 + 32 * 64 + 64 * 64 + 64 * 128 + 128 * 128) + 32 * 64 + 64 * 128
+    plain = weights + 288 + 2 * (32 + 32 + 64 + 64 + 64 + 128 + 128 + 128) + 1290
+    assert plain == 298_794
+    count = lambda m: sum(p.numel() for p in m.parameters())
+    assert count(build_model("mnist_net", input_shape=(1, 28, 28), binary=False)) == plain
+    # Binary layers add alpha: one row of out_channels per unary slot (4), 7 binary layers.
+    alpha = 4 * (32 + 64 + 64 + 64 + 128 + 128 + 128)
+    assert count(build_model("mnist_net", input_shape=(1, 28, 28))) == plain + alpha
 
 
 def test_float_variant_has_the_same_parameter_shapes_without_alpha():
@@ -104,3 +170,21 @@ def test_float_variant_has_the_same_parameter_shapes_without_alpha():
     b = {k: v.shape for k, v in binary.state_dict().items() if not k.endswith("alpha")}
     f = {k: v.shape for k, v in plain.state_dict().items()}
     assert b == f
+
+
+@pytest.mark.parametrize("arch,downsample", [("mnist_net", "binary"), ("mnist_net", "real"), ("vgg13", "binary")])
+def test_28x28_layers_new_to_the_engine_match_torch(arch, downsample, tmp_path):
+    # mnist_net's stride-2 stem and vgg13's padded 2x2 max-pools on odd maps, exported and run
+    # by the CPU engine: the same logits as the torch model.
+    from _engine_models import assert_logits_close, fresh_model, torch_logits
+
+    from bnn.export import export_model
+    from refimpl import engine
+
+    torch.manual_seed(5)
+    # Smooth images (a 9x9 box filter of noise), so activations are not all near zero.
+    x = nn.functional.avg_pool2d(torch.randn(12, 1, 36, 36), 9, stride=1)[:, :, :28, :28] * 3
+    model = fresh_model(arch, "baseline", (1, 28, 28), x, downsample=downsample)
+    export_model(model, str(tmp_path / "m.bnn"))
+    xs = x.numpy().copy()
+    assert_logits_close(engine.load(str(tmp_path / "m.bnn")).run(xs), torch_logits(model, xs))
