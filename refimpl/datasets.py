@@ -95,9 +95,54 @@ def digits_test() -> tuple[np.ndarray, np.ndarray, list[str]]:
 # CIFAR
 
 
+def _empty_ndarray(subtype, shape, dtype):
+    # What a pickled ndarray starts from (its data comes after, by __setstate__): always an empty
+    # plain ndarray; any other shape or class is not NumPy's own pickle.
+    if subtype is not np.ndarray or tuple(shape) != (0,):
+        raise pickle.UnpicklingError(f"_reconstruct({getattr(subtype, '__name__', subtype)}, {shape!r}) is not an "
+                                     "ndarray's pickle")
+    return _RECONSTRUCT(np.ndarray, (0,), dtype)
+
+
+def _latin1(text, encoding):
+    # Python 3's protocol-2 pickles spell bytes as _codecs.encode(text, "latin1"); no other codec.
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError(f"_codecs.encode(..., {encoding!r}) is not a pickled bytes object")
+    return text.encode("latin1")
+
+
+_RECONSTRUCT = np.ndarray.__reduce__(np.zeros(0))[0]  # NumPy's own, whichever module holds it
+# Every global a CIFAR batch may name: the official files (Python 2, NumPy 1: numpy.core) and
+# the same dicts pickled today (NumPy 2: numpy._core; bytes through _codecs.encode).
+_CIFAR_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"): _empty_ndarray,
+    ("numpy._core.multiarray", "_reconstruct"): _empty_ndarray,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("_codecs", "encode"): _latin1,
+}
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """An unpickler that builds only what the CIFAR format holds: dicts, lists, strings, bytes,
+    numbers and NumPy arrays. A pickle naming any other global (``os.system``, ``builtins.exec``,
+    ...) is refused before that global is imported, so a crafted data folder cannot run code."""
+
+    def find_class(self, module, name):
+        allowed = _CIFAR_GLOBALS.get((module, name))
+        if allowed is None:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which a CIFAR batch never holds")
+        return allowed
+
+
 def _unpickle(raw: bytes, where: str, spec: CifarArchive) -> dict:
+    import io
+
     try:
-        obj = pickle.loads(raw, encoding="bytes")
+        obj = _CifarUnpickler(io.BytesIO(raw), encoding="bytes").load()
+    except pickle.UnpicklingError as exc:
+        raise ValueError(f"{where} is not a CIFAR pickle ({' '.join(str(exc).split())}); refused unread; "
+                         f"{spec.expected()}") from None
     except Exception as exc:  # any unpickling failure means the file is not what we expect
         raise ValueError(f"{where} is not a readable CIFAR pickle ({type(exc).__name__}); {spec.expected()}") from None
     if not isinstance(obj, dict):
@@ -139,11 +184,14 @@ def _decode_batch(raw: bytes, where: str, spec: CifarArchive) -> tuple[np.ndarra
     d = _unpickle(raw, where, spec)
     if b"data" not in d or spec.label_key not in d:
         raise ValueError(f"{where} lacks b'data' or {spec.label_key!r}; {spec.expected()}")
-    x = np.asarray(d[b"data"])
-    y = np.asarray(d[spec.label_key], dtype=np.int64)
-    if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3 * 32 * 32 or len(y) != len(x):
+    try:
+        x = np.asarray(d[b"data"])
+        y = np.asarray(d[spec.label_key], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        x = y = np.zeros(0)  # not arrays of numbers: reported just below
+    if x.dtype != np.uint8 or y.ndim != 1 or x.ndim != 2 or x.shape[1] != 3 * 32 * 32 or len(y) != len(x):
         raise ValueError(
-            f"{where}: data has shape {x.shape} and dtype {x.dtype} with {len(y)} labels; "
+            f"{where}: data has shape {x.shape} and dtype {x.dtype} with {y.size} labels; "
             f"expected uint8 (N, 3072) with N labels; {spec.expected()}"
         )
     if len(y) and (y.min() < 0 or y.max() >= spec.num_classes):
