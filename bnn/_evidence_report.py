@@ -74,17 +74,25 @@ def summarize(entries: list[dict], baseline: str = "baseline") -> list[dict]:
             "test_mean": _stats.mean(tests), "test_std": _stats.sample_std(tests),
             "val_mean": _stats.mean(e["val_acc"] for e in ok.values()),
             "per_seed": {str(s): (e["test_acc"] if e["status"] == "ok" else e["status"]) for s, e in sorted(cells.items())},
-            "vs_baseline": None, "verdict": "reference" if measure == baseline else "no baseline",
+            "vs_baseline": None, "verdict": _no_pairs_verdict(measure == baseline, ok, counts, (baseline, kind) in by_group),
         }
-        base = by_group.get((baseline, kind))
-        if measure != baseline and base is not None:
-            seeds = [s for s in ok if base.get(s, {}).get("status") == "ok"]
-            if seeds:
-                diff = _stats.paired_interval([ok[s]["test_acc"] for s in seeds], [base[s]["test_acc"] for s in seeds])
-                row["vs_baseline"] = {**diff, "seeds": seeds, "level": 0.95}
-                row["verdict"] = _stats.verdict(diff["lo"], diff["hi"])
+        base = by_group.get((baseline, kind), {})
+        seeds = [s for s in ok if base.get(s, {}).get("status") == "ok"] if measure != baseline else []
+        if seeds:
+            diff = _stats.paired_interval([ok[s]["test_acc"] for s in seeds], [base[s]["test_acc"] for s in seeds])
+            row["vs_baseline"] = {**diff, "seeds": seeds, "level": 0.95}
+            row["verdict"] = _stats.verdict(diff["lo"], diff["hi"])
         rows.append(row)
     return rows
+
+
+def _no_pairs_verdict(is_baseline: bool, ok: dict, counts: dict, has_baseline: bool) -> str:
+    """The verdict column where no paired difference can be computed."""
+    if is_baseline:
+        return "reference"
+    if not ok:
+        return "all diverged" if counts["diverged"] and not (counts["rejected"] or counts["error"]) else "no ok runs"
+    return "no ok pairs" if has_baseline else "no baseline"
 
 
 def _pct(v, digits=2) -> str:

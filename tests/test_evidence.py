@@ -74,6 +74,7 @@ def test_summary_counts_diverged_runs_apart_and_pairs_only_seeds_both_finished()
                _entry("M1", 0, test=0.83), _entry("M1", 1, test=0.85), _entry("M1", 2, "diverged"),
                _entry("M2", 0, test=0.70), _entry("M2", 1, test=0.72), _entry("M2", 2, test=0.74),
                _entry("M5", 0, test=0.79), _entry("M5", 1, test=0.85),
+               _entry("M9", 0, "diverged"), _entry("M9", 1, "diverged"), _entry("M9", 1, test=0.6, kind="real"),
                _entry("baseline", 0, test=0.5, kind="real")]
     rows = {(r["measure"], r["downsample"]): r for r in summarize(entries)}
     m1 = rows[("M1", "binary")]
@@ -87,6 +88,9 @@ def test_summary_counts_diverged_runs_apart_and_pairs_only_seeds_both_finished()
     assert rows[("M2", "binary")]["verdict"] == "worse"  # -0.10 on every seed
     assert rows[("M5", "binary")]["verdict"] == "within noise"  # -0.01 and +0.03
     assert rows[("baseline", "binary")]["verdict"] == "reference"
+    assert rows[("M9", "binary")]["verdict"] == "all diverged" and rows[("M9", "binary")]["test_mean"] is None
+    assert rows[("M9", "real")]["verdict"] == "no ok pairs"  # the real baseline has seed 0 only, M9 seed 1
+    assert rows[("M5", "binary")]["vs_baseline"]["n"] == 2 and rows[("M9", "real")]["vs_baseline"] is None
     assert rows[("baseline", "real")]["test_mean"] == 0.5
     assert [(r["measure"], r["downsample"]) for r in summarize(entries)][:2] == [("baseline", "binary"), ("M1", "binary")]
 
