@@ -245,7 +245,10 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
             row = {**cell, **_train_cell(cfg, data), "device": device, "host": host, "wall_s": round(time.perf_counter() - t_cell, 3)}
             append_line(journal, row)
             done[cell["key"]] = row
-            (bar.write if bar is not None else log)(_cell_line(i, len(todo), row))
+            if bar is not None:
+                bar.write(_cell_line(i, len(todo), row), file=sys.stderr)  # above the bar, never on stdout
+            else:
+                log(_cell_line(i, len(todo), row))
             if bar is not None:
                 bar.update(1)
         if bar is not None:
@@ -364,6 +367,8 @@ def setup(args) -> tuple[str, object, list[dict]]:
 
 
 def table_only(root: str, plot: bool, log) -> dict:
+    if not os.path.isfile(os.path.join(root, "journal.jsonl")):
+        raise GridError(f"{root} has no journal to tabulate; run the grid first")
     with lock_root(root):
         saved, done = read_journal(os.path.join(root, "journal.jsonl"), log)
         if saved is None:

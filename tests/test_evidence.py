@@ -4,6 +4,7 @@ import json
 import math
 import os
 import statistics
+import sys
 
 import numpy as np
 import pytest
@@ -214,6 +215,7 @@ def test_a_second_run_into_a_locked_root_is_refused(tmp_path, fake_train, capsys
     (["--measures", "M99"], "unknown genome 'M99'"),
     (["--dataset", "imagenet"], "unknown dataset 'imagenet'"),
     (["--measures", "none", "--real-measures", "none"], "no cells to run"),
+    (["--dataset", "digits", "--table-only"], "has no journal to tabulate"),
 ])
 def test_bad_options_get_one_line_and_exit_2(tmp_path, args, message, capsys):
     assert evidence.main(["--root", str(tmp_path / "r"), "--no-progress", *args]) == 2
@@ -228,6 +230,31 @@ def test_table_only_rebuilds_the_report_from_the_journal(tmp_path, fake_train, c
     os.remove(tmp_path / "results.json")
     assert evidence.main(_grid(tmp_path, "--table-only")) == 0
     assert _read_json(tmp_path / "results.json")["rows"] == first["rows"] and len(fake_train) == 4
+
+
+def test_progress_goes_to_stderr_and_json_is_the_last_line_of_stdout(tmp_path, fake_train, capsys):
+    args = _grid(tmp_path, "--measures", "baseline", "--seeds", "0,1", "--real-measures", "none", "--json")
+    assert evidence.main([a for a in args if a != "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("\n") == 1 and json.loads(out)["cells_done"] == 2
+    assert "[2/2] baseline/binary/s1: ok, test 51.00%" in err and "2/2 [" in err  # the line and the bar
+
+
+def test_without_matplotlib_the_plot_is_skipped_with_a_note(tmp_path, fake_train, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    args = [a for a in _grid(tmp_path, "--measures", "baseline", "--seeds", "0") if a != "--no-plot"]
+    assert evidence.main(args) == 0
+    assert "matplotlib is not installed; skipped accuracy.png" in capsys.readouterr().err
+    assert (tmp_path / "results.json").exists() and not (tmp_path / "accuracy.png").exists()
+
+
+def test_help_names_the_grid_options(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        evidence.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--measures", "--seeds", "--real-measures", "--train-size", "--root", "--no-plot", "--smoke"):
+        assert option in out
 
 
 # =============================================================================================
