@@ -1,4 +1,5 @@
-"""Data sets for training: CIFAR-10, CIFAR-100 (standard Python archives) and the 8x8 digits.
+"""Data sets for training: MNIST, Fashion-MNIST (IDX files), CIFAR-10, CIFAR-100 (standard Python
+archives) and the 8x8 digits; the NumPy readers are in ``refimpl.datasets``.
 
 The whole data set lives on the training device as uint8 NCHW tensors, loaded once and reused by
 every training run of a process (the search trains hundreds of models per worker). Normalization,
@@ -11,8 +12,8 @@ digits has no official test set: its test set is the LAST ``DIGITS_TEST_SIZE`` i
 ``sklearn.datasets.load_digits()`` in the order it returns them (no shuffle, so an engine without
 torch can rebuild exactly the same test set).
 
-Normalization is ``(pixel - mean[c]) / std[c]`` on RAW pixel values (0..255 for CIFAR, 0..16 for
-digits); ``Dataset.mean``/``std`` hold those raw-unit constants and travel in the checkpoint.
+Normalization is ``(pixel - mean[c]) / std[c]`` on RAW pixel values (0..255 for CIFAR and the
+MNISTs, 0..16 for digits); ``Dataset.mean``/``std`` hold those raw-unit constants and travel in the checkpoint.
 """
 from __future__ import annotations
 
@@ -24,9 +25,17 @@ import torch
 import torch.nn.functional as F
 
 from refimpl import datasets
-from refimpl.datasets import CIFAR, CIFAR_URL, DIGITS_TEST_SIZE, read_digits  # noqa: F401  (re-exported)
+from refimpl.datasets import (  # noqa: F401  (re-exported)
+    CIFAR,
+    CIFAR_URL,
+    DATASETS,
+    DIGITS_TEST_SIZE,
+    IDX,
+    canonical_name,
+    dataset_arg,
+    read_digits,
+)
 
-DATASETS = ("digits", "cifar10", "cifar100")
 # Digits fill their 8x8 frame, so a pad-4 crop would cut away half a digit; a one-pixel shift
 # still regularizes a network that otherwise memorizes 1,300 images. No flip: mirrored digits
 # are other symbols (2/5, 3/E).
@@ -40,6 +49,12 @@ _CIFAR100_MEAN = tuple(255 * v for v in (0.5071, 0.4865, 0.4409))
 _CIFAR100_STD = tuple(255 * v for v in (0.2673, 0.2564, 0.2762))
 _DIGITS_MEAN = (4.884,)
 _DIGITS_STD = (6.017,)
+# The usual published MNIST / Fashion-MNIST statistics (x255). A pad-2 crop shifts the centred
+# 20x20 content without cutting it off; Fashion-MNIST's garments are left/right symmetric enough to
+# flip, digits are not.
+_IDX_STATS = {"mnist": ((0.1307 * 255,), (0.3081 * 255,)), "fashion-mnist": ((0.2860 * 255,), (0.3530 * 255,))}
+IDX_CROP_PAD = 2
+_IDX_FLIP = {"mnist": False, "fashion-mnist": True}
 
 
 # Normalization statistics per CIFAR variant (raw pixel units); the archive layouts live with
@@ -68,6 +83,7 @@ class Dataset:
     val_size: int
     split_seed: int
     device: torch.device
+    train_subset: int | None = None  # the train_size asked for (a seeded subset); None = all
     _mean_t: torch.Tensor = field(init=False, repr=False)
     _std_t: torch.Tensor = field(init=False, repr=False)
 
@@ -171,26 +187,39 @@ def load_dataset(
     seed: int = 0,
     device="cpu",
     download: bool = False,
+    train_size: int | None = None,
 ) -> Dataset:
-    """Load once, keep on ``device``; ``seed`` only chooses the validation split."""
-    key = str(name).lower().replace("-", "")
-    if key not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    """Load once, keep on ``device``; ``seed`` chooses the validation split and the subset.
+
+    ``train_size``: train on this many images, a seeded subset of what the validation holdout
+    leaves (the first ``train_size`` of the same permutation, so smaller subsets nest in larger
+    ones); None trains on all of it. Validation and test sets do not change.
+    """
+    key = canonical_name(name)
     device = torch.device(device)
     if key == "digits":
         train_x, train_y, test_x, test_y, names = read_digits()
         mean, std, crop_pad, flip = _DIGITS_MEAN, _DIGITS_STD, DIGITS_CROP_PAD, False
     else:
         data_dir = data_dir if data_dir is not None else os.environ.get("BNN_DATA_DIR", "data")
-        train_x, train_y, test_x, test_y, names = read_cifar(key, data_dir, download)
-        (mean, std), crop_pad, flip = _CIFAR_STATS[key], 4, True
+        if key in IDX:
+            train_x, train_y, test_x, test_y, names = datasets.read_idx_dataset(key, data_dir, download)
+            (mean, std), crop_pad, flip = _IDX_STATS[key], IDX_CROP_PAD, _IDX_FLIP[key]
+        else:
+            train_x, train_y, test_x, test_y, names = read_cifar(key, data_dir, download)
+            (mean, std), crop_pad, flip = _CIFAR_STATS[key], 4, True
     n = len(train_y)
     if val_size is None:
         val_size = default_val_size(key, n)
     if not 0 <= val_size < n:
         raise ValueError(f"val_size must be in 0..{n - 1} for {key} ({n} training images), got {val_size}")
+    left = n - val_size
+    if train_size is not None and not 1 <= train_size <= left:
+        raise ValueError(f"train_size must be in 1..{left} for {key} ({n} training images, {val_size} held out "
+                         f"for validation), got {train_size}")
     perm = np.random.default_rng(seed).permutation(n)
-    val_idx, train_idx = np.sort(perm[:val_size]), np.sort(perm[val_size:])
+    val_idx = np.sort(perm[:val_size])
+    train_idx = np.sort(perm[val_size:] if train_size is None else perm[val_size:val_size + train_size])
 
     def on_device(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(device)
@@ -213,4 +242,5 @@ def load_dataset(
         val_size=val_size,
         split_seed=seed,
         device=device,
+        train_subset=train_size,
     )

@@ -18,6 +18,8 @@ import json
 import os
 import sys
 
+from refimpl.datasets import DATASETS, canonical_name, dataset_arg
+
 from .paper_results import CIFAR10_MODELS, CIFAR100_MODELS, GRID, MEASURES, PAPER
 
 
@@ -25,12 +27,20 @@ def cell_name(cell) -> str:
     return "/".join(cell)
 
 
-def select_cells(patterns: str | None):
-    """Cells matching any comma-separated glob pattern over 'dataset/model/measure'."""
+def select_cells(patterns: str | None, dataset: str | None = None):
+    """Cells matching any comma-separated glob pattern over 'dataset/model/measure' (and ``dataset``)."""
+    grid = list(GRID)
+    if dataset is not None:
+        key = canonical_name(dataset)
+        grid = [c for c in GRID if c[0] == key]
+        if not grid:
+            raise ValueError(f"the paper's tables are on cifar10 and cifar100 only, it reports nothing on {key}; "
+                             f"train {key} with python -m bnn.train --dataset {key}, or compare measures on it "
+                             f"with python -m bnn.evidence --dataset {key}")
     if not patterns:
-        return list(GRID)
+        return grid
     pats = [p.strip() for p in patterns.split(",") if p.strip()]
-    chosen = [c for c in GRID if any(fnmatch.fnmatchcase(cell_name(c), p) for p in pats)]
+    chosen = [c for c in grid if any(fnmatch.fnmatchcase(cell_name(c), p) for p in pats)]
     if not chosen:
         raise ValueError(f"--cells {patterns!r} matches no cell; cells look like 'cifar10/resnet18/M1' (see --list)")
     return chosen
@@ -50,7 +60,7 @@ def read_summary(root: str, cell) -> dict | None:
 
 
 def run_cells(cells, root, data_dir=None, device="auto", epochs=None, val_size=None, seed=0,
-              progress=True, compile=False, log=print):
+              progress=True, compile=False, log=print, download=False):
     from .data import load_dataset  # torch only when something is trained
     from .train import TrainConfig, resolve_device, train_model
 
@@ -64,7 +74,7 @@ def run_cells(cells, root, data_dir=None, device="auto", epochs=None, val_size=N
             continue
         dev = resolve_device(device, dataset)
         if dataset not in loaded:
-            loaded = {dataset: load_dataset(dataset, data_dir, val_size, 0, dev)}  # one data set in memory
+            loaded = {dataset: load_dataset(dataset, data_dir, val_size, 0, dev, download)}  # one data set in memory
         overrides = {} if epochs is None else {"epochs": epochs}
         cfg = TrainConfig.from_preset(
             "paper-eval", model=model, dataset=dataset, measure=measure, seed=seed, device=str(dev),
@@ -139,7 +149,10 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv=None) -> int:
     p = _Parser(prog="python -m bnn.reproduce", description="Run the paper's evaluation grid and tabulate it beside the paper.")
+    p.add_argument("--dataset", type=dataset_arg, metavar="{" + ",".join(DATASETS) + "}",
+                   help="only this data set's cells (the paper's tables: cifar10, cifar100)")
     p.add_argument("--data-dir", help="folder with the CIFAR archives (default: $BNN_DATA_DIR or ./data)")
+    p.add_argument("--download", action="store_true", help="download CIFAR with torchvision if it is missing")
     p.add_argument("--cells", help="comma-separated globs over dataset/model/measure, e.g. 'cifar10/*/M9,cifar100/nin/*'")
     p.add_argument("--epochs", type=int, help="shorten every cell (smoke run); results go to a separate root")
     p.add_argument("--root", help="where the cell folders and results.md go (default: runs/reproduce)")
@@ -153,7 +166,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     root = args.root or default_root(args.epochs)
     try:
-        cells = select_cells(args.cells)
+        cells = select_cells(args.cells, args.dataset)
         if args.list:
             for c in cells:
                 s = read_summary(root, c)
@@ -163,7 +176,7 @@ def main(argv=None) -> int:
         if not args.table_only:
             run_cells(cells, root, args.data_dir, args.device, args.epochs, args.val_size, args.seed,
                       progress=not args.no_progress, compile=args.compile,
-                      log=lambda s: print(s, file=sys.stderr, flush=True))
+                      log=lambda s: print(s, file=sys.stderr, flush=True), download=args.download)
         path = write_table(root)
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from refimpl.genome import Genome
 
-from .data import Dataset, load_dataset
+from .data import DATASETS, Dataset, canonical_name, dataset_arg, load_dataset
 from .models import DOWNSAMPLE_KINDS, MODELS, build_model, check_downsample
 
 # =============================================================================================
@@ -54,7 +54,8 @@ PRESETS = {
     "digits": dict(epochs=30, batch_size=128, lr=5e-3, milestones=(22,), gamma=0.2),
 }
 DEFAULT_PRESET = {"digits": "digits", "cifar10": "fitness", "cifar100": "fitness"}
-DEFAULT_MODEL = {"digits": "digits_net", "cifar10": "resnet18", "cifar100": "resnet18"}
+DEFAULT_MODEL = {"digits": "digits_net", "mnist": "mnist_net", "fashion-mnist": "mnist_net",
+                 "cifar10": "resnet18", "cifar100": "resnet18"}
 ADAM_BETAS = (0.9, 0.999)
 EVAL_BATCH = 500  # images per evaluation forward pass; memory only, not accuracy
 # On CUDA the loss is checked for NaN/inf every this many steps, not every step: each check
@@ -80,7 +81,8 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"
     data_dir: str | None = None
-    val_size: int | None = None  # None: 5000 for CIFAR, 10% for digits
+    val_size: int | None = None  # None: 5000 for CIFAR and the MNISTs, 10% for digits
+    train_size: int | None = None  # train on a seeded subset of this many images; None: all
     milestones: tuple[int, ...] = _DIGITS["milestones"]  # epochs after which lr *= gamma
     gamma: float = _DIGITS["gamma"]
     out_dir: str | None = None  # None: no files at all (the search's fitness runs)
@@ -110,6 +112,9 @@ class TrainConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not self.lr > 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
+        self.dataset = canonical_name(self.dataset)
+        if self.train_size is not None and self.train_size < 1:
+            raise ValueError(f"train_size must be at least 1, got {self.train_size}")
 
 
 @dataclass
@@ -280,20 +285,24 @@ def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: flo
     ckpt = load_checkpoint(ckpt_path) if cfg.resume and ckpt_path and os.path.isfile(ckpt_path) else None
     if ckpt is not None:
         saved = ckpt["config"]
-        for key in ("model", "dataset", "measure", "seed", "split_seed", "batch_size", "lr", "gamma"):
-            if saved[key] != getattr(cfg, key):
-                raise ValueError(f"cannot resume {ckpt_path}: it was trained with {key}={saved[key]!r}, not {getattr(cfg, key)!r}")
+        for key in ("model", "dataset", "measure", "seed", "split_seed", "batch_size", "lr", "gamma", "train_size"):
+            if saved.get(key) != getattr(cfg, key):
+                raise ValueError(f"cannot resume {ckpt_path}: it was trained with {key}={saved.get(key)!r}, not {getattr(cfg, key)!r}")
         # A checkpoint written before the option has no key: it trained the binary kind.
         if saved.get("downsample", "binary") != cfg.downsample:
             raise ValueError(f"cannot resume {ckpt_path}: it was trained with "
                              f"downsample={saved.get('downsample', 'binary')!r}, not {cfg.downsample!r}")
 
     if data is None:
-        data = load_dataset(cfg.dataset, cfg.data_dir, cfg.val_size, cfg.split_seed, device, cfg.download)
-    elif data.name != cfg.dataset.lower().replace("-", "") or data.device.type != device.type:
+        data = load_dataset(cfg.dataset, cfg.data_dir, cfg.val_size, cfg.split_seed, device, cfg.download,
+                            cfg.train_size)
+    elif data.name != cfg.dataset or data.device.type != device.type:
         raise ValueError(f"preloaded data is {data.name} on {data.device}, config wants {cfg.dataset} on {device}")
     elif cfg.val_size is not None and cfg.val_size != data.val_size:
         raise ValueError(f"preloaded data holds out {data.val_size} validation images, config wants {cfg.val_size}")
+    elif cfg.train_size != data.train_subset:
+        raise ValueError(f"preloaded data has train_size={data.train_subset}, config wants {cfg.train_size}: "
+                         "pass the same train_size to load_dataset")
 
     gen = _seed_everything(cfg.seed)
     model = build_model(cfg.model, cfg.measure, data.num_classes, data.input_shape,
@@ -452,9 +461,14 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m bnn.train", description="Train a binarized network with a searched similarity measure.")
-    p.add_argument("--model", help=f"one of {', '.join(MODELS)} (default: digits_net for digits, resnet18 for CIFAR)")
-    p.add_argument("--dataset", default="digits", help="digits (default, embedded), cifar10 or cifar100")
-    p.add_argument("--data-dir", help="folder holding the CIFAR archives (default: $BNN_DATA_DIR or ./data)")
+    p.add_argument("--model", help=f"one of {', '.join(MODELS)} (default: digits_net for digits, mnist_net for "
+                                   "mnist and fashion-mnist, resnet18 for CIFAR)")
+    p.add_argument("--dataset", default="digits", type=dataset_arg, metavar="{" + ",".join(DATASETS) + "}",
+                   help="digits (default, embedded), mnist, fashion-mnist (IDX files), cifar10 or cifar100")
+    p.add_argument("--data-dir", help="folder holding the data files (default: $BNN_DATA_DIR or ./data)")
+    p.add_argument("--download", action="store_true",
+                   help="download the data set if it is missing (MNISTs: the official files, SHA-256 checked; "
+                        "CIFAR: with torchvision)")
     p.add_argument("--measure", default="baseline", help="genome: a name (baseline, M1..M10), '0-0-0-0-0-0-1' or '0000001'")
     p.add_argument("--downsample", choices=DOWNSAMPLE_KINDS, default="binary",
                    help="shortcut of the units that change size or width (SPEC 6): binary (default, the paper's "
@@ -467,11 +481,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA if available; CPU for digits)")
     p.add_argument("--out", help="run folder for metrics.jsonl, checkpoint.pt, summary.json (default: runs/DATASET-MODEL-MEASURE-sSEED)")
-    p.add_argument("--val-size", type=int, help="validation images held out of train (default: 5000 CIFAR, 10%% digits)")
+    p.add_argument("--val-size", type=int, help="validation images held out of train (default: 10%% digits, else 5000)")
+    p.add_argument("--train-size", type=int, help="train on a seeded subset of this many of the remaining images")
     p.add_argument("--resume", metavar="OUT", help="continue the run in folder OUT from its checkpoint")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--download", action="store_true", help="download CIFAR with torchvision if it is missing")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or per-epoch lines on stderr")
     return p
 
@@ -487,10 +501,10 @@ def config_from_args(args) -> TrainConfig:
             saved["device"] = args.device
         known = {f.name for f in fields(TrainConfig)}
         return TrainConfig(**{k: v for k, v in saved.items() if k in known})
-    dataset = args.dataset.lower().replace("-", "")
+    dataset = canonical_name(args.dataset)
     preset = args.preset or DEFAULT_PRESET.get(dataset)
     if preset is None:
-        raise ValueError(f"unknown dataset {args.dataset!r}; choose one of {', '.join(DEFAULT_PRESET)}")
+        raise ValueError(f"no default preset for {dataset}; pass --preset (one of {', '.join(PRESETS)})")
     model = args.model or DEFAULT_MODEL[dataset]
     measure = str(Genome.parse(args.measure))
     overrides = {k: v for k, v in (("epochs", args.epochs), ("batch_size", args.batch_size), ("lr", args.lr)) if v is not None}
@@ -505,8 +519,8 @@ def config_from_args(args) -> TrainConfig:
     return TrainConfig.from_preset(
         preset, model=model, dataset=dataset, measure=measure, downsample=args.downsample, seed=args.seed,
         device=args.device,
-        data_dir=args.data_dir, val_size=args.val_size, out_dir=out, compile=args.compile,
-        download=args.download, **overrides,
+        data_dir=args.data_dir, val_size=args.val_size, train_size=args.train_size, out_dir=out,
+        compile=args.compile, download=args.download, **overrides,
     )
 
 

@@ -3,20 +3,31 @@
 * CIFAR-10 / CIFAR-100 from the standard Python archives (``cifar-10-python.tar.gz``,
   ``cifar-100-python.tar.gz``) or their extracted folders. ``bnn.data`` reads the whole archive
   for training; the engine reads only the test batch (``cifar_test``).
+* MNIST / Fashion-MNIST from the official IDX files, raw or ``.gz``, in torchvision's layout
+  (``DIR/MNIST/raw/``, ``DIR/FashionMNIST/raw/``) or directly in ``DIR``; ``download_idx`` fetches
+  them (only on ``--download``) and checks the SHA-256 of their decompressed content.
 * digits: ``sklearn.datasets.load_digits()``. Its test split is the LAST ``DIGITS_TEST_SIZE``
   images in the order it returns them (no shuffle), so the engine rebuilds exactly the test set
   that ``bnn.train`` reports on; the seeded permutation in ``bnn.data`` only splits train from
   validation.
 
-Images are uint8 NCHW in raw pixel units (0..16 for digits, 0..255 for CIFAR), labels int64.
+Images are uint8 NCHW in raw pixel units (0..16 for digits, 0..255 otherwise), labels int64.
 Anything malformed raises ``ValueError`` (missing files ``FileNotFoundError``) naming the files
 expected and where to get them.
 """
 from __future__ import annotations
 
+import gzip
+import hashlib
 import os
 import pickle
+import stat
+import struct
+import sys
 import tarfile
+import urllib.error
+import urllib.request
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -238,3 +249,315 @@ def cifar_test(data_dir: str, num_classes: int | None = None) -> tuple[np.ndarra
         return x, y, _class_names(raw[spec.meta_member], kind, spec)
     wanted = " or ".join(f"{CIFAR[k].archive} / {CIFAR[k].folder}/" for k in kinds)
     raise FileNotFoundError(f"no CIFAR test split in {data_dir!r}; expected {wanted}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Data set names (one spelling for every command line)
+
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100")
+INPUT_SHAPES = {"digits": (1, 8, 8), "mnist": (1, 28, 28), "fashion-mnist": (1, 28, 28),
+                "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
+
+
+def canonical_name(name: str) -> str:
+    """The registered spelling of a data set name: case, '-' and '_' do not matter."""
+    key = str(name).lower().replace("-", "").replace("_", "")
+    for known in DATASETS:
+        if known.replace("-", "") == key:
+            return known
+    raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+
+
+def dataset_arg(text: str) -> str:
+    """``argparse`` type of every ``--dataset`` option: the canonical name, or the choices."""
+    import argparse
+
+    try:
+        return canonical_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# MNIST and Fashion-MNIST: the IDX files
+#
+# An IDX file is a big-endian header, magic 0x000008NN (unsigned bytes, NN dimensions) and one
+# uint32 per dimension, followed by exactly prod(dims) bytes. Everything read is bounded by the
+# header: a raw file's size must match it exactly, a .gz stream is inflated only up to it.
+
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+IDX_IMAGES_MAGIC = 0x00000803
+IDX_LABELS_MAGIC = 0x00000801
+IDX_SIDE = 28
+# More items than any file of these sets holds (60,000): a header claiming more is not theirs.
+IDX_MAX_ITEMS = 1_000_000
+DOWNLOAD_MAX_BYTES = 64 << 20  # above the largest file, compressed or not (47 MB)
+DOWNLOAD_TIMEOUT_S = 60
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class IdxSet:
+    """One IDX data set: where torchvision keeps it, where to download it, its checksums."""
+
+    name: str
+    folder: str  # torchvision's layout: DIR/<folder>/raw/
+    url: str  # base URL of the four .gz files
+    class_names: tuple[str, ...]
+    sha256: dict  # file name -> SHA-256 of the DECOMPRESSED IDX content (independent of gzip's settings)
+
+    def folders(self, data_dir: str) -> tuple[str, str]:
+        return os.path.join(data_dir, self.folder, "raw"), data_dir
+
+    def expected(self, data_dir: str) -> str:
+        return (f"expected {', '.join(IDX_FILES)} (each raw or .gz) in {' or '.join(self.folders(data_dir))}; "
+                f"pass --download, or get them from {self.url}")
+
+
+IDX = {
+    "mnist": IdxSet(
+        name="mnist", folder="MNIST", url="https://ossci-datasets.s3.amazonaws.com/mnist/",
+        class_names=tuple(str(i) for i in range(10)),
+        sha256={
+            "train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+            "train-labels-idx1-ubyte": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+            "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+            "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+        },
+    ),
+    "fashion-mnist": IdxSet(
+        name="fashion-mnist", folder="FashionMNIST", url="http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+        class_names=("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                     "Ankle boot"),
+        sha256={
+            "train-images-idx3-ubyte": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+            "train-labels-idx1-ubyte": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+            "t10k-images-idx3-ubyte": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+            "t10k-labels-idx1-ubyte": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+        },
+    ),
+}
+
+
+def idx_spec(name: str) -> IdxSet:
+    key = canonical_name(name)
+    if key not in IDX:
+        raise ValueError(f"{key} is not an IDX data set; those are {', '.join(IDX)}")
+    return IDX[key]
+
+
+def _present(folder: str, name: str) -> str | None:
+    """Path of ``name`` or ``name.gz`` in ``folder`` (raw first), whatever its kind; None if neither."""
+    for path in (os.path.join(folder, name), os.path.join(folder, name + ".gz")):
+        if os.path.lexists(path):
+            return path
+    return None
+
+
+def _locate(spec: IdxSet, data_dir: str, names: tuple[str, ...]) -> dict[str, str]:
+    """The first searched folder holding all ``names``; else FileNotFoundError saying what is where."""
+    if not os.path.isdir(data_dir):
+        raise FileNotFoundError(f"data directory {data_dir!r} does not exist; {spec.expected(data_dir)}")
+    folders = spec.folders(data_dir)
+    for folder in folders:
+        paths = {n: _present(folder, n) for n in names}
+        if all(paths.values()):
+            return paths
+    for folder in folders:
+        found = [n for n in names if _present(folder, n)]
+        if found:
+            missing = [n for n in names if n not in found]
+            raise FileNotFoundError(f"{spec.name}: {', '.join(missing)} missing from {folder} (which holds "
+                                    f"{', '.join(found)}); {spec.expected(data_dir)}")
+    raise FileNotFoundError(f"{spec.name} not found; {spec.expected(data_dir)}")
+
+
+def _open_regular(path: str):
+    # O_NONBLOCK: opening a FIFO must not hang; fstat on the open file then rejects it.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        raise ValueError(f"{path} is not a regular file")
+    return f
+
+
+def _read_upto(stream, n: int) -> np.ndarray:
+    """At most ``n`` bytes as uint8, fewer only at the end of the stream."""
+    # np.empty commits pages only as they are written: a header that lies costs no memory.
+    buf = np.empty(n, dtype=np.uint8)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = stream.readinto(view[got:min(n, got + _CHUNK)])
+        if not k:
+            break
+        got += k
+    return buf[:got]
+
+
+def _read_idx(path: str, images: bool) -> np.ndarray:
+    """The validated content of one IDX file: uint8 (N, 28, 28) images or (N,) labels."""
+    kind, magic_want, ndim = ("images", IDX_IMAGES_MAGIC, 3) if images else ("labels", IDX_LABELS_MAGIC, 1)
+    gz = path.endswith(".gz")
+    with _open_regular(path) as raw:
+        size = os.fstat(raw.fileno()).st_size
+        stream = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
+        try:
+            head = _read_upto(stream, 4 + 4 * ndim)
+            head = head.tobytes()
+            if len(head) >= 4 and int.from_bytes(head[:4], "big") != magic_want:
+                raise ValueError(f"{path}: magic number 0x{int.from_bytes(head[:4], 'big'):08x}, expected "
+                                 f"0x{magic_want:08x} (IDX {kind}, unsigned bytes); is it the {kind} file?")
+            if len(head) < 4 + 4 * ndim:
+                raise ValueError(f"{path}: truncated inside the {4 + 4 * ndim}-byte IDX header ({len(head)} bytes)")
+            dims = struct.unpack(f">{ndim}I", head[4:])
+            if images and dims[1:] != (IDX_SIDE, IDX_SIDE):
+                raise ValueError(f"{path}: images are {dims[1]}x{dims[2]}, expected {IDX_SIDE}x{IDX_SIDE}")
+            n = dims[0]
+            if n > IDX_MAX_ITEMS:
+                raise ValueError(f"{path}: header announces {n} {kind}, more than these data sets hold ({IDX_MAX_ITEMS})")
+            body = n * (IDX_SIDE * IDX_SIDE if images else 1)
+            whole = len(head) + body
+            if not gz and size != whole:
+                what = "truncated" if size < whole else f"{size - whole} trailing bytes"
+                raise ValueError(f"{path}: {what}: {size} bytes, its header ({n} {kind}) needs exactly {whole}")
+            data = _read_upto(stream, body)
+            if len(data) < body:
+                raise ValueError(f"{path}: truncated: {len(head) + len(data)} bytes, its header ({n} {kind}) needs {whole}")
+            extra = len(_read_upto(stream, _CHUNK)) if gz else 0  # a raw file's size was checked above
+            if extra:
+                what = f"{extra} trailing bytes" if extra < _CHUNK else f"over {_CHUNK} trailing bytes"
+                raise ValueError(f"{path}: {what} after the {whole} bytes its header ({n} {kind}) describes")
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise ValueError(f"{path}: not a readable gzip file ({' '.join(str(exc).split()) or type(exc).__name__})") from None
+    out = data
+    if images:
+        return out.reshape(n, IDX_SIDE, IDX_SIDE)
+    if n and out.max() > 9:
+        i = int(np.argmax(out > 9))
+        raise ValueError(f"{path}: label {out[i]} at index {i} is outside 0..9")
+    return out
+
+
+def _read_split(spec: IdxSet, paths: dict[str, str], split: str) -> tuple[np.ndarray, np.ndarray]:
+    img, lbl = paths[f"{split}-images-idx3-ubyte"], paths[f"{split}-labels-idx1-ubyte"]
+    x, y = _read_idx(img, images=True), _read_idx(lbl, images=False)
+    if len(x) != len(y):
+        raise ValueError(f"{img} holds {len(x)} images but {lbl} holds {len(y)} labels; they must be one pair")
+    return x.reshape(-1, 1, IDX_SIDE, IDX_SIDE), y.astype(np.int64)
+
+
+def read_idx_dataset(name: str, data_dir: str, download: bool = False):
+    """(train_x, train_y, test_x, test_y, class_names) of ``mnist`` or ``fashion-mnist``;
+    uint8 (N, 1, 28, 28) images, int64 labels. ``download``: fetch missing files first."""
+    spec = idx_spec(name)
+    paths = _locate_or_download(spec, data_dir, IDX_FILES, download)
+    train_x, train_y = _read_split(spec, paths, "train")
+    test_x, test_y = _read_split(spec, paths, "t10k")
+    return train_x, train_y, test_x, test_y, list(spec.class_names)
+
+
+def mnist_test(name: str, data_dir: str, download: bool = False) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(images uint8 (10000, 1, 28, 28), labels int64, class names): the test split only."""
+    spec = idx_spec(name)
+    paths = _locate_or_download(spec, data_dir, IDX_FILES[2:], download)
+    x, y = _read_split(spec, paths, "t10k")
+    return x, y, list(spec.class_names)
+
+
+def _locate_or_download(spec: IdxSet, data_dir: str, names: tuple[str, ...], download: bool) -> dict[str, str]:
+    try:
+        return _locate(spec, data_dir, names)
+    except FileNotFoundError:
+        if not download:
+            raise
+    download_idx(spec.name, data_dir)
+    return _locate(spec, data_dir, names)
+
+
+# ---------------------------------------------------------------------------------------------
+# Downloading (only when the user asks: --download)
+
+
+def download_idx(name: str, data_dir: str, base_url: str | None = None, log=None) -> list[str]:
+    """Fetch the four official .gz files missing from ``DATA_DIR/<folder>/raw/``; the paths written.
+
+    Each file's DECOMPRESSED content must have the recorded SHA-256, else nothing is written for
+    it (ValueError). Writes are atomic: a temporary file in the same folder, fsync, os.replace.
+    """
+    spec = idx_spec(name)
+    log = log if log is not None else (lambda s: print(s, file=sys.stderr, flush=True))
+    folder = spec.folders(data_dir)[0]
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for fname in IDX_FILES:
+        if _present(folder, fname):
+            continue
+        url = (base_url or spec.url) + fname + ".gz"
+        dest = os.path.join(folder, fname + ".gz")
+        log(f"downloading {url} -> {dest}")
+        _fetch_verified(url, dest, spec.sha256[fname])
+        written.append(dest)
+    return written
+
+
+def _fetch_verified(url: str, dest: str, sha256: str) -> None:
+    tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.tmp.{os.getpid()}")
+    try:
+        try:
+            with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp, open(tmp, "wb") as out:
+                digest = _copy_and_hash(resp, out, url)
+                if digest != sha256:
+                    raise ValueError(f"{url}: the SHA-256 of its decompressed content is {digest}, expected {sha256}; "
+                                     f"nothing was written (retry, or place the official files in "
+                                     f"{os.path.dirname(dest)} yourself)")
+                out.flush()
+                os.fsync(out.fileno())
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            reason = exc if isinstance(exc, urllib.error.HTTPError) else getattr(exc, "reason", exc)
+            raise OSError(f"could not download {url} ({' '.join(str(reason).split())}); check the connection, "
+                          f"or place the official files in {os.path.dirname(dest)} yourself") from None
+        os.replace(tmp, dest)
+        _fsync_dir(os.path.dirname(dest))
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _copy_and_hash(resp, out, url: str) -> str:
+    """Copy the gzip stream to ``out`` and return the SHA-256 of what it inflates to (bounded)."""
+    inflate = zlib.decompressobj(wbits=zlib.MAX_WBITS | 16)  # | 16: gzip framing
+    h = hashlib.sha256()
+    got = inflated = 0
+    try:
+        while chunk := resp.read(_CHUNK):
+            got += len(chunk)
+            out.write(chunk)
+            data = chunk
+            while data and not inflate.eof:
+                plain = inflate.decompress(data, _CHUNK)  # max_length: a small chunk cannot inflate unboundedly
+                inflated += len(plain)
+                h.update(plain)
+                data = inflate.unconsumed_tail
+            if got > DOWNLOAD_MAX_BYTES or inflated > DOWNLOAD_MAX_BYTES:
+                raise ValueError(f"{url}: more than {DOWNLOAD_MAX_BYTES >> 20} MiB, larger than any file of these data "
+                                 "sets; nothing was written")
+    except zlib.error as exc:
+        raise ValueError(f"{url}: not a gzip file ({exc}); nothing was written") from None
+    if not inflate.eof:
+        raise ValueError(f"{url}: the gzip stream ends early (truncated transfer); nothing was written")
+    return h.hexdigest()
+
+
+def _fsync_dir(folder: str) -> None:
+    # The rename itself is durable only once the folder's entry is on disk (POSIX).
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -7,8 +7,13 @@ Inputs (one of):
   normalized with the model's ``(pixel - mean[c]) / std[c]``. With ``--normalized`` a float32
   NCHW array is taken as already normalized and fed to the network as is.
   ``--labels Y.npy`` (integers, one per image) adds an accuracy.
-* ``--cifar DIR``: the test split of the CIFAR-10/100 Python archive in DIR (folder or .tar.gz).
-* ``--digits``: the test split ``bnn.train`` reports (the last 360 images of sklearn's digits).
+* ``--dataset NAME [--data-dir DIR] [--download]``: the test split of a data set, the one
+  ``bnn.train`` reports on: ``digits`` (embedded), ``mnist`` and ``fashion-mnist`` (the IDX
+  files; ``--download`` fetches them), ``cifar10`` and ``cifar100`` (the Python archives).
+  DIR defaults to ``$BNN_DATA_DIR`` or ``./data``. A data set whose image shape or class count
+  differs from the model's is refused.
+* ``--cifar DIR`` and ``--digits``: older spellings of ``--dataset cifar10|cifar100 --data-dir
+  DIR`` (the archive matching the model's classes) and ``--dataset digits``.
 
 Prints a summary; with ``--json`` the last stdout line is one JSON object with ``n``,
 ``accuracy`` (null without labels), ``images_per_s`` (the whole input at ``--batch``),
@@ -24,6 +29,8 @@ import sys
 import time
 
 import numpy as np
+
+from .datasets import DATASETS, dataset_arg
 
 LATENCY_IMAGES = 20  # single-image runs for the batch-1 latency median
 
@@ -42,8 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--input", metavar="X.npy",
                      help="uint8 (N, H, W, C) images, or float32 (N, C, H, W) in raw pixel units")
-    src.add_argument("--cifar", metavar="DIR", help="CIFAR-10/100 folder or archive directory; runs its test split")
-    src.add_argument("--digits", action="store_true", help="the digits test split used by bnn.train")
+    src.add_argument("--dataset", type=dataset_arg, metavar="{" + ",".join(DATASETS) + "}",
+                     help="run the test split of this data set (the one bnn.train reports on)")
+    src.add_argument("--cifar", metavar="DIR", help="same as --dataset cifar10|cifar100 --data-dir DIR")
+    src.add_argument("--digits", action="store_true", help="same as --dataset digits")
+    p.add_argument("--data-dir", metavar="DIR", help="folder holding the data set's files (default: $BNN_DATA_DIR or ./data)")
+    p.add_argument("--download", action="store_true", help="with --dataset mnist|fashion-mnist: fetch missing files "
+                                                            "(official mirrors, SHA-256 checked)")
     p.add_argument("--labels", metavar="Y.npy", help="integer labels for --input, to report accuracy")
     p.add_argument("--normalized", action="store_true", help="--input is float32 NCHW already normalized")
     p.add_argument("--batch", type=int, default=64, help="images per forward pass (default 64)")
@@ -62,18 +74,44 @@ def _load_npy(path: str, what: str) -> np.ndarray:
         raise ValueError(f"{what} file {path} is not a readable .npy array ({' '.join(str(exc).split())})") from None
 
 
+def _test_split(name: str, data_dir: str | None, download: bool, model):
+    """(images uint8 NCHW, labels, description) of a data set's test split, refused up front when
+    its images or classes cannot be the model's. ``name`` "cifar": the archive of the model's classes."""
+    from . import datasets
+
+    key = name if name == "cifar" else datasets.canonical_name(name)
+    shape = datasets.INPUT_SHAPES["cifar10" if key == "cifar" else key]
+    if tuple(model.input_shape) != shape:
+        raise ValueError(f"{model.path} takes {'x'.join(map(str, model.input_shape))} images, {key} has "
+                         f"{'x'.join(map(str, shape))}; use a model trained on {key}")
+    if download and key not in datasets.IDX:
+        raise ValueError(f"--download fetches mnist and fashion-mnist only; get {key} from "
+                         f"{datasets.CIFAR_URL if key != 'digits' else 'scikit-learn (it ships digits)'}")
+    data_dir = data_dir if data_dir is not None else os.environ.get("BNN_DATA_DIR", "data")
+    if key == "digits":
+        images, labels, names = datasets.digits_test()
+        where = "digits test split"
+    elif key in datasets.IDX:
+        images, labels, names = datasets.mnist_test(key, data_dir, download)
+        where = f"{key} test split in {data_dir}"
+    else:
+        classes = model.num_classes if key == "cifar" else datasets.CIFAR[key].num_classes
+        images, labels, names = datasets.cifar_test(data_dir, classes)
+        where = f"CIFAR test split in {data_dir}"
+    if len(names) != model.num_classes:
+        raise ValueError(f"{model.path} has {model.num_classes} classes, {key} has {len(names)}; use a model trained on {key}")
+    trained_on = model.meta.get("dataset")
+    if trained_on and key != "cifar" and trained_on != key:
+        print(f"note: {model.path} was trained on {trained_on}, running it on {key}", file=sys.stderr)
+    return images, labels, where
+
+
 def _inputs(args, model):
     """(normalized float32 NCHW, labels or None, description)."""
-    if args.digits:
-        from .datasets import digits_test
-
-        images, labels, _ = digits_test()
-        return model.preprocess(images.astype(np.float32)), labels, "digits test split"
-    if args.cifar:
-        from .datasets import cifar_test
-
-        images, labels, _ = cifar_test(args.cifar, model.num_classes)
-        return model.preprocess(images.astype(np.float32)), labels, f"CIFAR test split in {args.cifar}"
+    if args.dataset or args.digits or args.cifar:
+        name = args.dataset or ("digits" if args.digits else "cifar")
+        images, labels, where = _test_split(name, args.cifar or args.data_dir, args.download, model)
+        return model.preprocess(images.astype(np.float32)), labels, where
     x = _load_npy(args.input, "--input")
     if args.normalized:
         x = model.check_input(x)
@@ -94,6 +132,8 @@ def run(args) -> dict:
 
     from . import engine
 
+    if (args.data_dir is not None or args.download) and args.dataset is None:
+        raise ValueError("--data-dir and --download go with --dataset NAME")
     if args.batch < 1:
         raise ValueError(f"--batch must be at least 1, got {args.batch}")
     if args.threads is not None:

@@ -69,8 +69,8 @@ def test_download_without_torchvision_says_how_to_get_the_data(tmp_path):
 
 
 def test_unknown_dataset_is_a_value_error():
-    with pytest.raises(ValueError, match="unknown dataset 'mnist'"):
-        load_dataset("mnist")
+    with pytest.raises(ValueError, match="unknown dataset 'emnist'"):
+        load_dataset("emnist")
 
 
 def test_validation_split_is_seeded_disjoint_and_complete(tmp_path):

@@ -9,6 +9,8 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+from refimpl.datasets import DATASETS, IDX, canonical_name, dataset_arg, read_idx_dataset
+
 from . import journal as jr
 from .engine import SEARCH_FIELDS, Search, SearchConfig
 from .fitness import parse_fitness_spec
@@ -97,16 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--reuse", action="append", metavar="RUN_DIR", default=None,
                    help="reuse trainings journaled by an earlier run of the same training setting (repeatable)")
     t = p.add_argument_group("fitness training")
-    t.add_argument("--dataset", help="digits, cifar10, cifar100")
-    t.add_argument("--data-dir", help="directory with the CIFAR archives")
-    t.add_argument("--model", help="digits_net, resnet18, resnet34, vgg13, nin")
+    t.add_argument("--dataset", type=dataset_arg, metavar="{" + ",".join(DATASETS) + "}",
+                   help="data set of the fitness trainings (default: the preset's)")
+    t.add_argument("--data-dir", help="folder holding the data files (default: $BNN_DATA_DIR or ./data)")
+    t.add_argument("--download", action="store_true",
+                   help="download the data set if it is missing (MNISTs: official files, SHA-256 checked; CIFAR: torchvision)")
+    t.add_argument("--model", help="digits_net, mnist_net, resnet18, resnet34, vgg13, nin (default: the data set's)")
     t.add_argument("--downsample", choices=("binary", "real"),
                    help="shortcut of units that change size or width (SPEC 6): binary (default, the paper's text) "
                         "or real (Bi-Real: average pool, full-precision 1x1 conv)")
     t.add_argument("--epochs", type=_positive, help="epochs of a full fitness training (paper: 15)")
     t.add_argument("--batch-size", type=_positive, help="batch size (default 128)")
     t.add_argument("--lr", type=float, help="Adam learning rate, constant (default 5e-3)")
-    t.add_argument("--val-size", type=int, help="validation images held out of the training set (default: 10%% for digits, 5000 for CIFAR)")
+    t.add_argument("--val-size", type=int, help="validation images held out of the training set (default: 10%% for digits, else 5000)")
     t.add_argument("--train-seed", type=int, help="seed of every fitness training (default 0)")
     t.add_argument("--device", help="auto, cpu or cuda (default auto)")
     t.add_argument("--fitness", help=argparse.SUPPRESS)  # testing: synthetic:SEED[,delay=S][,die_once=PATH]
@@ -146,7 +151,9 @@ def _config_from_args(args) -> tuple[SearchConfig, Path, bool]:
     preset = dict(PRESETS[args.preset])
     if "dataset" in explicit and "model" not in explicit and explicit["dataset"] != preset["dataset"]:
         # Another data set without a model: the network the training code pairs with it.
-        explicit["model"] = "digits_net" if explicit["dataset"] == "digits" else "resnet18"
+        from bnn.train import DEFAULT_MODEL
+
+        explicit["model"] = DEFAULT_MODEL[explicit["dataset"]]
     base = {**preset, **explicit}
     if args.preset == "paper" and "workers" not in explicit:
         from .engine import _visible_gpus
@@ -169,7 +176,7 @@ def _config_from_args(args) -> tuple[SearchConfig, Path, bool]:
     return cfg, run_dir, False
 
 
-def _validate(cfg: SearchConfig) -> None:
+def _validate(cfg: SearchConfig, download: bool = False) -> None:
     Thresholds(cfg.thresholds, cfg.threshold_steps)
     if cfg.max_minutes is not None and not cfg.max_minutes > 0:
         raise CliError(f"--max-minutes must be positive, got {cfg.max_minutes}")
@@ -189,25 +196,30 @@ def _validate(cfg: SearchConfig) -> None:
         if not (Path(d) / jr.JOURNAL).exists():
             raise CliError(f"--reuse {d}: no {jr.JOURNAL} there")
     if spec["kind"] == "train":
-        _validate_training(cfg)
+        _validate_training(cfg, download)
 
 
-def _validate_training(cfg: SearchConfig) -> None:
-    """Fail on a bad model, data set or data directory before any file is written."""
+def _validate_training(cfg: SearchConfig, download: bool = False) -> None:
+    """Fail on a bad model, data set or data directory before any file is written; download
+    a missing data set first if asked."""
     try:
-        from bnn.data import DATASETS, read_cifar
+        from bnn.data import read_cifar
         from bnn.train import TrainConfig
     except ImportError as exc:
         raise CliError(f"the training code (bnn.train) is not available: {exc}") from None
-    key = str(cfg.dataset).lower().replace("-", "")
-    if key not in DATASETS:
-        raise CliError(f"unknown dataset {cfg.dataset!r}; choose one of {', '.join(DATASETS)}")
+    try:
+        key = canonical_name(cfg.dataset)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     try:
         TrainConfig(model=cfg.model, dataset=cfg.dataset, measure="baseline", epochs=cfg.epochs,
                     batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.train_seed, downsample=cfg.downsample).validate()
-        if key != "digits":
-            data_dir = cfg.data_dir if cfg.data_dir is not None else os.environ.get("BNN_DATA_DIR", "data")
-            read_cifar(key, data_dir)  # a missing or corrupt archive fails here, not in a worker
+        data_dir = cfg.data_dir if cfg.data_dir is not None else os.environ.get("BNN_DATA_DIR", "data")
+        # A missing or corrupt data set fails here, not in a worker.
+        if key in IDX:
+            read_idx_dataset(key, data_dir, download)
+        elif key != "digits":
+            read_cifar(key, data_dir, download)
     except Exception as exc:  # noqa: BLE001 - any of them is a bad input, reported in one line
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CliError(msg) from None
@@ -218,7 +230,7 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         cfg, run_dir, resuming = _config_from_args(args)
-        _validate(cfg)
+        _validate(cfg, download=args.download)
         search = Search(cfg, run_dir, progress=not args.no_progress and not args.json)
         search.load_reuse()
         if resuming:
