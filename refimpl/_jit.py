@@ -23,20 +23,17 @@ from pathlib import Path
 import numba
 from numba.core import caching
 
+from . import isa
+
 if "NUMBA_SLP_VECTORIZE" not in os.environ:
     numba.config.SLP_VECTORIZE = 1
 if "NUMBA_LOOP_VECTORIZE" not in os.environ:
     numba.config.LOOP_VECTORIZE = 0
 
-# LLVM tunes some AVX-512 CPUs (the host here reports itself as 'rocketlake') to prefer 256-bit
-# vectors; the popcount tile then runs on ymm halves and spills. Ask for full-width vectors
-# unless the user pinned the CPU features. Numba's cache key includes the features.
-if "NUMBA_CPU_FEATURES" not in os.environ and numba.config.CPU_FEATURES is None:
-    import llvmlite.binding as _llvm
-
-    _host = _llvm.get_host_cpu_features()
-    if _host.get("avx512f"):
-        numba.config.CPU_FEATURES = _host.flatten() + ",-prefer-256-bit"
+# The instruction set (REFIMPL_ISA, else the host's best; refimpl/isa.py), set before anything
+# compiles. On AVX-512 it also asks for full-width vectors: LLVM tunes some AVX-512 CPUs (the host
+# here reports 'rocketlake') to prefer 256-bit ones, and the popcount tile then spills.
+isa.configure()
 
 OPTIONS = dict(cache=True, error_model="numpy", fastmath=False)
 

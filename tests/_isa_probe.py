@@ -1,0 +1,82 @@
+"""What one kernel path compiles to and computes: run as a script with REFIMPL_ISA set.
+
+Prints one JSON object: the path this process compiled for, instruction counts of the popcount
+panel (the blocked GEMM's inner loop) and of the stem's float tile, and whether the counts API
+matches the naive NumPy oracle (verify/naive.py) on shapes with word and tile tails.
+``tests/test_isa_paths.py`` runs it once per path the host can execute.
+"""
+import json
+import os
+import re
+import sys
+
+import numba
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import refimpl  # noqa: E402  (sets the target before anything compiles)
+from refimpl import _tiles, blocked, isa  # noqa: E402
+from refimpl._jit import OPTIONS  # noqa: E402
+from refimpl.codegen import STEM_TILE  # noqa: E402
+from verify import naive  # noqa: E402
+
+PATTERNS = {
+    "vpopcntq_zmm": r"vpopcntq\s+%zmm",
+    "vpshufb_zmm": r"vpshufb\s+[^\n]*%zmm",
+    "vpshufb_ymm": r"vpshufb\s+[^\n]*%ymm",
+    "scalar_popcnt": r"\bpopcnt[lq]?\s",
+    "zmm": r"%zmm",
+    "ymm": r"%ymm",
+    "fma_zmm": r"vfmadd\w*ps\s+[^\n]*%zmm",
+    "fma_ymm": r"vfmadd\w*ps\s+[^\n]*%ymm",
+    "fma_scalar": r"vfmadd\w*ss",
+    "fmaf_call": r"call\w*\s+[^\n]*fmaf",
+}
+
+
+def _asm(fn, signature):
+    options = {k: v for k, v in OPTIONS.items() if k != "cache"}
+    kernel = numba.njit(signature, **options)(fn.py_func)
+    return kernel.inspect_asm(kernel.signatures[0])
+
+
+def _counts(asm):
+    return {name: len(re.findall(pattern, asm)) for name, pattern in PATTERNS.items()}
+
+
+def _counts_match_naive() -> list[str]:
+    rng = np.random.default_rng(7)
+    failures = []
+    for n, c, h, w, o, k, s, p, d in [(2, 1, 5, 6, 3, 3, 1, 1, 1), (1, 63, 6, 5, 9, 3, 2, 1, 1),
+                                      (2, 65, 7, 7, 17, 3, 1, 2, 2), (1, 130, 4, 4, 8, 1, 1, 0, 1)]:
+        x = rng.choice([-1.0, 1.0], size=(n, c, h, w)).astype(np.float32)
+        wt = rng.choice([-1.0, 1.0], size=(o, c, k, k)).astype(np.float32)
+        got = refimpl.counts_conv2d(x, wt, stride=s, padding=p, dilation=d)
+        want = naive.counts_conv2d(x, wt, stride=s, padding=p, dilation=d)
+        if not all(np.array_equal(g, e) for g, e in zip(got, want)):
+            failures.append(f"conv2d {n}x{c}x{h}x{w} * {o}x{c}x{k}x{k} s{s} p{p} d{d}")
+    for n, m, k in [(3, 5, 1), (4, 9, 64), (2, 7, 65), (5, 3, 200)]:
+        x = rng.choice([-1.0, 1.0], size=(n, k))
+        wt = rng.choice([-1.0, 1.0], size=(m, k))
+        if not all(np.array_equal(g, e) for g, e in zip(refimpl.counts_dense(x, wt), naive.counts_dense(x, wt))):
+            failures.append(f"dense {n}x{k} * {m}x{k}")
+    return failures
+
+
+def probe() -> dict:
+    panel = getattr(_tiles, blocked.panel_function_name(16, 8))
+    pixels, channels = STEM_TILE
+    stem = getattr(_tiles, f"stem_tile_{pixels}x{channels}")
+    return {
+        "path": isa.current_path(),
+        "cpu_name": numba.config.CPU_NAME,
+        "panel": _counts(_asm(panel, blocked.PANEL_SIGNATURE)),
+        "stem": _counts(_asm(stem, "void(f4[:, ::1], f4[:, ::1], i8, i8, i8, f4[:, ::1])")),
+        "stem_tile": [pixels, channels],
+        "counts_failures": _counts_match_naive(),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe()))

@@ -1,0 +1,88 @@
+"""Every kernel path this CPU can execute computes exact counts and compiles to its own instructions.
+
+The path in use is tested in this process; every lower path the host can execute runs in a
+subprocess with ``REFIMPL_ISA`` forcing it (``tests/_isa_probe.py``), so an AVX-512 host also
+proves the AVX2 and portable code that laptops and ARM64 machines get. A path the host cannot
+execute is skipped with that reason.
+"""
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import _isa_probe
+from refimpl import isa
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(path: str) -> dict:
+    if path == isa.current_path():
+        return _isa_probe.probe()
+    env = {**os.environ, **isa.forced_environment(path)}
+    env.pop("NUMBA_CPU_NAME", None)
+    env.pop("NUMBA_CPU_FEATURES", None)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "_isa_probe.py")], capture_output=True,
+                       text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _runnable(path: str):
+    if path not in isa.executable_paths():
+        pytest.skip(f"this CPU cannot execute the {path} path (it can: {', '.join(isa.executable_paths())})")
+    return _probe(path)
+
+
+@pytest.mark.parametrize("path", isa.PATHS)
+def test_each_path_counts_exactly_like_the_naive_oracle(path):
+    result = _runnable(path)
+    assert result["path"] == path
+    assert result["counts_failures"] == []
+
+
+def test_a_forced_path_the_cpu_lacks_is_refused_and_a_bad_name_too():
+    env = {**os.environ, "REFIMPL_ISA": "sse9"}
+    r = subprocess.run([sys.executable, "-c", "import refimpl"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode != 0 and "sse9" in r.stderr and "avx2" in r.stderr
+
+
+def test_avx512_vpopcntdq_panel_is_one_vector_popcount_per_vector():
+    asm = _runnable("avx512-vpopcntdq")["panel"]
+    assert asm["vpopcntq_zmm"] >= 16
+    assert asm["scalar_popcnt"] == 0
+
+
+def test_avx512bw_panel_is_a_512_bit_byte_lookup():
+    asm = _runnable("avx512bw")["panel"]
+    assert asm["vpshufb_zmm"] >= 16 and asm["vpopcntq_zmm"] == 0
+    assert asm["scalar_popcnt"] == 0
+
+
+def test_avx2_panel_is_a_256_bit_byte_lookup_with_no_avx512():
+    asm = _runnable("avx2")["panel"]
+    assert asm["vpshufb_ymm"] >= 32
+    assert asm["zmm"] == 0 and asm["scalar_popcnt"] == 0
+
+
+def test_portable_panel_uses_no_avx_registers():
+    asm = _runnable("portable")["panel"]
+    assert asm["ymm"] == 0 and asm["zmm"] == 0
+
+
+@pytest.mark.parametrize("path,register,lanes", [("avx512-vpopcntdq", "fma_zmm", 16), ("avx512bw", "fma_zmm", 16),
+                                                  ("avx2", "fma_ymm", 8)])
+def test_stem_tile_is_one_vector_fma_per_pixel_and_lane_group(path, register, lanes):
+    result = _runnable(path)
+    pixels, channels = result["stem_tile"]
+    assert result["stem"][register] >= pixels * channels // lanes
+    assert result["stem"]["fma_scalar"] == 0
+
+
+def test_portable_stem_tile_uses_no_avx_registers():
+    stem = _runnable("portable")["stem"]
+    assert stem["ymm"] == 0 and stem["zmm"] == 0
