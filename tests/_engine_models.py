@@ -6,11 +6,15 @@ import torch
 
 from bnn.layers import BinaryConv2d
 from bnn.models import build_model, calibrate_batchnorm
+from verify.nets import downsampling_net
 
 
-def fresh_model(arch: str, measure: str, input_shape, x: torch.Tensor, seed: int = 0, random_alpha: bool = False):
+def fresh_model(arch: str, measure: str, input_shape, x: torch.Tensor, seed: int = 0, random_alpha: bool = False,
+                downsample: str = "binary"):
+    """``arch``: a registered model, or ``downsampling_net`` (verify/nets.py)."""
     torch.manual_seed(seed)
-    model = build_model(arch, measure, 10, input_shape)
+    build = downsampling_net if arch == "downsampling_net" else lambda **kw: build_model(arch, **kw)
+    model = build(measure=measure, num_classes=10, input_shape=input_shape, downsample=downsample)
     if random_alpha:
         # Per-channel alphas away from their initial values, so a transposed or mis-indexed alpha
         # cannot pass. Positive, so M7's a**3 / ... stays away from sign games.

@@ -6,14 +6,23 @@ Oracles: hand-written expected module types and shapes; torch's own functional o
 eval mode for the engine's logits and counts.
 """
 import json
+import re
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _engine_models import assert_logits_close, fresh_model, torch_logits
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+from test_infer import _assert_counts_identical
 from torch import nn
 
+from bnn.export import FORMAT, export_checkpoint, export_model
 from bnn.layers import BinaryConv2d
 from bnn.models import MODELS, BinaryUnit, build_model
+from refimpl import engine
+from verify.nets import downsampling_net
 
 # ---------------------------------------------------------------------------------------------
 # The unit and the builders
@@ -159,3 +168,172 @@ def test_fitness_worker_trains_with_the_search_kind(monkeypatch):
         worker._data = object()  # the fake training reads no data
         assert worker.run({"genome": "0-0-0-0-0-0-1"})["status"] == "ok"
     assert seen == ["real", "binary"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Export and the CPU engine
+
+
+def _smooth(n, shape, seed):
+    # Blurred noise: images with structure, so activations are not all near zero.
+    torch.manual_seed(seed)
+    c, h, w = shape
+    return F.avg_pool2d(torch.randn(n, c, h + 4, w + 4), 5, stride=1)[:, :, :h, :w] * 3
+
+
+def _meta(path):
+    with safe_open(str(path), "np") as f:
+        return json.loads(f.metadata()[FORMAT])
+
+
+def _rewrite(src, dst, edit_meta=None, edit_tensors=None):
+    meta, tensors = _meta(src), load_file(str(src))
+    if edit_meta:
+        edit_meta(meta)
+    if edit_tensors:
+        edit_tensors(tensors)
+    save_file(tensors, str(dst), metadata={FORMAT: json.dumps(meta)})
+
+
+@pytest.fixture(scope="module")
+def real_file(tmp_path_factory):
+    """A real-downsampling net on odd 14x14 maps, exported once: (model, path, images)."""
+    x = _smooth(24, (1, 14, 14), seed=3)
+    model = fresh_model("downsampling_net", "baseline", (1, 14, 14), x[:16], seed=1, downsample="real")
+    path = tmp_path_factory.mktemp("real") / "real.bnn"
+    export_model(model, str(path))
+    return model, path, x
+
+
+def test_export_writes_the_kind_and_each_real_shortcut(real_file):
+    model, path, _ = real_file
+    meta, tensors = _meta(path), load_file(str(path))
+    assert meta["downsample"] == "real" and meta["version"] == 1
+    units = [layer for layer in meta["layers"] if layer["op"] == "binary_unit"]
+    # verify/nets.py: stride 1 same width, stride 2 + width, same, width alone, stride 2 alone, stride 2 + width.
+    assert [u["residual"] for u in units] == ["identity", "real", "identity", "real", "real", "real"]
+    assert [u["shortcut"]["pool"] for u in units if "shortcut" in u] == [[2, 2], [1, 1], [2, 2], [2, 2]]
+    assert not any("down" in u for u in units) and not any(k.endswith(".bits") and "down" in k for k in tensors)
+    unit = model.body[1]
+    prefix = units[1]["shortcut"]["tensors"]
+    np.testing.assert_array_equal(tensors[f"{prefix}.weight"], unit.down_conv.weight.detach().numpy())
+    # The folded BatchNorm against its definition in float64 (rounding only).
+    bn = unit.down_bn
+    scale = (bn.weight / torch.sqrt(bn.running_var + bn.eps)).detach().double().numpy()
+    shift = bn.bias.detach().double().numpy() - bn.running_mean.double().numpy() * scale
+    np.testing.assert_allclose(tensors[f"{prefix}.scale"], scale, rtol=1e-6)
+    np.testing.assert_allclose(tensors[f"{prefix}.shift"], shift, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["binary", "real"])
+@pytest.mark.parametrize("measure", ["baseline", "M5"])
+def test_engine_matches_torch_with_either_kind_on_odd_maps(kind, measure, tmp_path):
+    x = _smooth(24, (1, 14, 14), seed=5)
+    model = fresh_model("downsampling_net", measure, (1, 14, 14), x[:16], seed=2, downsample=kind)
+    expected = torch_logits(model, x.numpy())
+    if not np.isfinite(expected).all():
+        # SPEC §6: M5 is inf where a binary 1x1 window has a = 0; the real shortcut avoids it.
+        assert (kind, measure) == ("binary", "M5")
+        return
+    path = tmp_path / "m.bnn"
+    export_model(model, str(path))
+    cpu = engine.load(str(path))
+    assert cpu.downsample == kind
+    assert_logits_close(cpu.run(x.numpy().copy()), expected)
+    if measure == "baseline":
+        _assert_counts_identical(model, cpu, x.numpy()[:4].copy())
+
+
+def test_a_file_without_the_key_loads_as_binary(tmp_path):
+    x = _smooth(16, (1, 8, 8), seed=6)
+    model = fresh_model("downsampling_net", "baseline", (1, 8, 8), x)
+    new, old = tmp_path / "new.bnn", tmp_path / "old.bnn"
+    export_model(model, str(new))
+    _rewrite(new, old, edit_meta=lambda m: m.pop("downsample"))  # as written before the option
+    assert "downsample" not in _meta(old)
+    cpu = engine.load(str(old))
+    assert cpu.downsample == "binary"
+    np.testing.assert_array_equal(cpu.run(x.numpy().copy()), engine.load(str(new)).run(x.numpy().copy()))
+
+
+def _set_kind(kind):
+    return lambda m: m.update(downsample=kind)
+
+
+def _shortcut(key, value):
+    return lambda m: m["layers"][2]["shortcut"].update({key: value})
+
+
+@pytest.mark.parametrize("edit_meta,edit_tensors,needle", [
+    (_set_kind("binary"), None, "a 'real' shortcut in a file whose downsample is 'binary'"),
+    (_set_kind("avg"), None, "downsample must be binary or real, got 'avg'"),
+    (_shortcut("pool", [2]), None, "'pool' must be a pair of integers"),
+    (_shortcut("pool", [0, 0]), None, "'pool' must be positive"),
+    (_shortcut("in_channels", 7), None, "takes 7 channels, the previous layer gives 32"),
+    (_shortcut("out_channels", 7), None, "gives 7 channels, the unit's conv gives 64"),
+    (lambda m: m["layers"][2].pop("shortcut"), None, "shortcut: missing description"),
+    (None, lambda t: t.pop("body.1.down_conv.shift"), "tensor 'body.1.down_conv.shift' is missing"),
+    (None, lambda t: t.update({"body.1.down_conv.weight": np.zeros((64, 32), np.float32)}), "metadata implies"),
+])
+def test_bad_real_shortcut_fields_are_one_line_errors(real_file, tmp_path, edit_meta, edit_tensors, needle):
+    bad = tmp_path / "bad.bnn"
+    _rewrite(real_file[1], bad, edit_meta, edit_tensors)
+    with pytest.raises(engine.ModelFileError, match=re.escape(needle)):
+        engine.load(str(bad))
+
+
+def test_a_binary_file_may_not_hold_a_real_shortcut_nor_a_real_one_a_binary(tmp_path):
+    x = _smooth(8, (1, 8, 8), seed=7)
+    binary = fresh_model("downsampling_net", "baseline", (1, 8, 8), x)
+    export_model(binary, str(tmp_path / "b.bnn"))
+    bad = tmp_path / "bad.bnn"
+    _rewrite(tmp_path / "b.bnn", bad, _set_kind("real"))
+    with pytest.raises(engine.ModelFileError, match="a 'down' shortcut in a file whose downsample is 'real'"):
+        engine.load(str(bad))
+    binary.config["downsample"] = "real"  # a config that lies about the shortcuts is refused at export
+    with pytest.raises(ValueError, match="model.config says downsample='real'"):
+        export_model(binary, str(tmp_path / "lie.bnn"))
+    assert not (tmp_path / "lie.bnn").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Training, the checkpoint and the exported file keep the kind
+
+
+def test_train_real_one_epoch_then_export_and_engine_agree(tmp_path, monkeypatch, capsys):
+    import bnn.train
+    from bnn.data import load_dataset
+    from bnn.models import MODELS
+
+    # A digits-sized net with downsampling units (digits_net keeps its width and size).
+    monkeypatch.setitem(MODELS, "downsampling_net", downsampling_net)
+    out = tmp_path / "run"
+    argv = ["--model", "downsampling_net", "--downsample", "real", "--epochs", "1", "--out", str(out),
+            "--json", "--no-progress"]
+    assert bnn.train.main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["downsample"] == "real" and summary["status"] == "ok"
+    assert json.loads((out / "summary.json").read_text())["config"]["downsample"] == "real"
+    ckpt = bnn.train.load_checkpoint(str(out / "checkpoint.pt"))
+    assert ckpt["model_config"]["downsample"] == ckpt["config"]["downsample"] == "real"
+    meta = export_checkpoint(str(out / "checkpoint.pt"), str(tmp_path / "m.bnn"))
+    assert meta["downsample"] == "real"
+    model = build_model(**ckpt["model_config"])
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    assert isinstance(model.body[1].down_pool, nn.AvgPool2d)
+    data = load_dataset("digits")
+    x = data.normalize(data.test_x).numpy()
+    logits = engine.load(str(tmp_path / "m.bnn")).run(x)
+    assert_logits_close(logits, torch_logits(model, x))
+    assert float((logits.argmax(1) == data.test_y.numpy()).mean()) == pytest.approx(summary["test_acc"], abs=1e-12)
+
+
+def test_a_checkpoint_from_before_the_option_exports_binary(tmp_path):
+    model = build_model("digits_net", "baseline", 10, (1, 8, 8))
+    config = {k: v for k, v in model.config.items() if k != "downsample"}
+    ckpt = {"format": "bnn-train-checkpoint", "model_config": config, "data": {},
+            "model": model.state_dict()}
+    torch.save(ckpt, tmp_path / "old.pt")
+    meta = export_checkpoint(str(tmp_path / "old.pt"), str(tmp_path / "old.bnn"))
+    assert meta["downsample"] == "binary"

@@ -136,11 +136,12 @@ def _export_and_load(model, tmp_path, name="m.bnn"):
     return engine.load(str(path))
 
 
-def test_resnet18_cifar_shape_counts_and_logits_match_torch(tmp_path):
+@pytest.mark.parametrize("downsample,size", [("binary", 32), ("real", 16)])  # SPEC 6: both shortcut kinds
+def test_resnet18_cifar_shape_counts_and_logits_match_torch(downsample, size, tmp_path):
     torch.manual_seed(0)
     # Smooth random images (a blurred noise field), closer to photos than white noise.
-    x = torch.nn.functional.avg_pool2d(torch.randn(12, 3, 40, 40), 9, stride=1)[:, :, :32, :32] * 3
-    model = fresh_model("resnet18", "baseline", (3, 32, 32), x[:8])
+    x = torch.nn.functional.avg_pool2d(torch.randn(12, 3, size + 8, size + 8), 9, stride=1)[:, :, :size, :size] * 3
+    model = fresh_model("resnet18", "baseline", (3, size, size), x[:8], downsample=downsample)
     m = _export_and_load(model, tmp_path)
     xs = x.numpy().copy()
     assert_logits_close(m.run(xs), torch_logits(model, xs))
@@ -167,8 +168,12 @@ def test_searched_measures_match_torch(genome, random_alpha, tmp_path):
     assert_logits_close(m.run(xs), torch_logits(model, xs))
 
 
-@pytest.mark.parametrize("arch,shape", [("digits_net", (1, 8, 8)), ("resnet18", (3, 16, 16))])
-def test_engine_logits_do_not_depend_on_batch_split_or_thread_count(arch, shape, tmp_path):
+@pytest.mark.parametrize("arch,shape,downsample", [
+    ("digits_net", (1, 8, 8), "binary"),
+    ("resnet18", (3, 16, 16), "binary"),
+    ("downsampling_net", (1, 14, 14), "real"),  # the real shortcut's pool and 1x1 conv, odd maps
+])
+def test_engine_logits_do_not_depend_on_batch_split_or_thread_count(arch, shape, downsample, tmp_path):
     # One answer per model and input: the float parts (stem, epilogue, pooling, classifier) sum in
     # a fixed order, so logits are bit-identical whatever the batch split and thread count (a BLAS
     # classifier broke this on an AVX2 host: 124 of 400 logits differed by a few ulps).
@@ -178,8 +183,9 @@ def test_engine_logits_do_not_depend_on_batch_split_or_thread_count(arch, shape,
         x = _digits_batch(40)
     else:
         torch.manual_seed(5)
-        x = torch.nn.functional.avg_pool2d(torch.randn(40, 3, 24, 24), 9, stride=1)[:, :, :16, :16] * 3
-    model = fresh_model(arch, "baseline", shape, x[:16])
+        c, h, w = shape
+        x = torch.nn.functional.avg_pool2d(torch.randn(40, c, h + 8, w + 8), 9, stride=1)[:, :, :h, :w] * 3
+    model = fresh_model(arch, "baseline", shape, x[:16], downsample=downsample)
     m = _export_and_load(model, tmp_path)
     xs = x.numpy().copy()
     whole = m.run(xs).copy()
@@ -196,19 +202,20 @@ def test_engine_logits_do_not_depend_on_batch_split_or_thread_count(arch, shape,
     np.testing.assert_array_equal(singles, whole[0:40:13])
 
 
-@pytest.mark.parametrize("arch,genome,size", [
-    ("resnet18", "baseline", 32),  # identity and downsampling shortcuts
-    ("resnet18", "M7", 16),
-    ("vgg13", "M3", 32),  # no shortcuts, pools in between
-    ("nin", "M1", 32),
+@pytest.mark.parametrize("arch,genome,size,downsample", [
+    ("resnet18", "baseline", 32, "binary"),  # identity and downsampling shortcuts
+    ("resnet18", "M7", 16, "binary"),
+    ("resnet18", "M7", 16, "real"),  # the real shortcut fills the buffer the identity epilogue adds into
+    ("vgg13", "M3", 32, "binary"),  # no shortcuts, pools in between
+    ("nin", "M1", 32, "binary"),
 ])
-def test_fused_and_two_pass_layers_agree_bit_for_bit(arch, genome, size, tmp_path, monkeypatch):
+def test_fused_and_two_pass_layers_agree_bit_for_bit(arch, genome, size, downsample, tmp_path, monkeypatch):
     # The fused path (GEMM and epilogue per tile, sign bits by vector compares) and the
     # two-pass path (GEMM into ``a``, then the epilogue) must give the same float32 bits: the
     # engine picks between them by batch size and layer shape.
     torch.manual_seed(3)
     x = torch.nn.functional.avg_pool2d(torch.randn(6, 3, size + 8, size + 8), 9, stride=1)[:, :, :size, :size] * 3
-    model = fresh_model(arch, genome, (3, size, size), x[:4], seed=4, random_alpha=True)
+    model = fresh_model(arch, genome, (3, size, size), x[:4], seed=4, random_alpha=True, downsample=downsample)
     xs = x.numpy().copy()
     results = {}
     for name, min_tiles in (("fused", 0), ("two-pass", 10**9)):

@@ -1,11 +1,12 @@
 """Whole models: the torch network and the exported CPU engine predict the same (SPEC section 5).
 
-The oracle ladder's last rung. For drawn input batches, a digits_net per measure (BatchNorm
-statistics set from data, random per-channel alphas where the genome has them) is run in PyTorch
-(eval, float32) and through ``bnn.export`` + ``refimpl.engine``: predictions must be identical,
-logits within 1e-4 of each image's largest logit, and for the baseline every binary layer's
-integer counts identical to ``bnn.counts_conv2d`` on the same binarized activations.
-The CIFAR architectures are checked the same way in ``tests/test_infer.py``.
+The oracle ladder's last rung. For drawn input batches, a digits_net per measure, and a
+digits-sized net that downsamples (``verify/nets.py``) with each shortcut kind of SPEC §6,
+binary and real (BatchNorm statistics set from data, random per-channel alphas where the genome
+has them) is run in PyTorch (eval, float32) and through ``bnn.export`` + ``refimpl.engine``:
+predictions must be identical, logits within 1e-4 of each image's largest logit, and for the
+baseline every binary layer's integer counts identical to ``bnn.counts_conv2d`` on the same
+binarized activations. The CIFAR architectures are checked the same way in ``tests/test_infer.py``.
 """
 import numpy as np
 import pytest
@@ -19,8 +20,16 @@ from bnn.export import export_model
 from bnn.layers import BinaryConv2d, sign
 from bnn.models import build_model, calibrate_batchnorm
 from refimpl import engine
+from verify.nets import downsampling_net
 
 MEASURES = ("baseline", "M1", "M7", "M9")
+# (net, downsample kind, measure). M5 and M9 are not finite with binary downsampling here (a
+# 1x1 window has c = 0 somewhere; SPEC §6), so the binary net is checked with finite measures.
+CASES = (
+    [("digits_net", "binary", name) for name in MEASURES]
+    + [("downsampling_net", "binary", name) for name in ("baseline", "M1")]
+    + [("downsampling_net", "real", name) for name in ("baseline", "M5", "M9")]
+)
 _DIGITS = load_digits()
 _IMAGES = torch.from_numpy(_DIGITS.images.astype(np.float32).reshape(-1, 1, 8, 8))
 _MEAN, _STD = float(_IMAGES.mean()), float(_IMAGES.std())
@@ -32,11 +41,14 @@ def _normalized(idx) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """measure -> (torch model, engine model), built once per session."""
+    """(net, kind, measure) -> (torch model, engine model), built once per session."""
     out = {}
-    for name in MEASURES:
+    for net, kind, name in CASES:
         torch.manual_seed(0)
-        model = build_model("digits_net", name, 10, (1, 8, 8))
+        if net == "downsampling_net":
+            model = downsampling_net(name, 10, (1, 8, 8), downsample=kind)
+        else:
+            model = build_model(net, name, 10, (1, 8, 8), downsample=kind)
         gen = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for m in model.modules():
@@ -44,17 +56,17 @@ def exported(tmp_path_factory):
                     # Away from the initial values, so a mis-indexed alpha cannot pass.
                     m.alpha.copy_(0.5 + 2 * torch.rand(m.alpha.shape, generator=gen))
         calibrate_batchnorm(model, _normalized(slice(0, 512)))
-        path = tmp_path_factory.mktemp("models") / f"{name}.bnn"
+        path = tmp_path_factory.mktemp("models") / f"{net}-{kind}-{name}.bnn"
         export_model(model, str(path))
-        out[name] = (model, engine.load(str(path)))
+        out[net, kind, name] = (model, engine.load(str(path)))
     return out
 
 
-@pytest.mark.parametrize("name", MEASURES)
+@pytest.mark.parametrize("case", CASES, ids="-".join)
 @settings(max_examples=6)
 @given(data=st.data())
-def test_engine_predicts_what_torch_predicts(exported, name, data):
-    model, cpu = exported[name]
+def test_engine_predicts_what_torch_predicts(exported, case, data):
+    model, cpu = exported[case]
     idx = data.draw(st.lists(st.integers(0, len(_IMAGES) - 1), min_size=1, max_size=40), label="images")
     x = _normalized(idx)
     with torch.no_grad():
@@ -68,10 +80,12 @@ def test_engine_predicts_what_torch_predicts(exported, name, data):
     assert (np.abs(got - expected) / scale).max() <= 1e-4
 
 
+@pytest.mark.parametrize("net,kind", [("digits_net", "binary"), ("downsampling_net", "binary"),
+                                      ("downsampling_net", "real")])
 @settings(max_examples=6)
 @given(data=st.data())
-def test_baseline_layer_counts_are_identical(exported, data):
-    model, cpu = exported["baseline"]
+def test_baseline_layer_counts_are_identical(exported, net, kind, data):
+    model, cpu = exported[net, kind, "baseline"]
     idx = data.draw(st.lists(st.integers(0, len(_IMAGES) - 1), min_size=1, max_size=16), label="images")
     x = _normalized(idx)
     seen = []
