@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from _engine_models import assert_logits_close, fresh_model, torch_logits
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
-from test_infer import _assert_counts_identical
+from test_infer import _assert_counts_identical, _infer, _last_json
 from torch import nn
 
 from bnn.export import FORMAT, export_checkpoint, export_model
@@ -337,3 +337,12 @@ def test_a_checkpoint_from_before_the_option_exports_binary(tmp_path):
     torch.save(ckpt, tmp_path / "old.pt")
     meta = export_checkpoint(str(tmp_path / "old.pt"), str(tmp_path / "old.bnn"))
     assert meta["downsample"] == "binary"
+
+
+def test_infer_without_torch_runs_a_real_file_and_says_so(real_file, tmp_path):
+    model, path, x = real_file
+    np.save(tmp_path / "x.npy", x.numpy())
+    r = _infer(path, "--input", tmp_path / "x.npy", "--normalized", "--json", "--out", tmp_path / "p.npy")
+    assert r.returncode == 0, r.stderr
+    assert _last_json(r.stdout)["downsample"] == "real"
+    np.testing.assert_array_equal(np.load(tmp_path / "p.npy"), torch_logits(model, x.numpy()).argmax(1))
