@@ -1,11 +1,17 @@
 """Models for the export/engine tests: built by bnn.models, BatchNorm statistics set from data."""
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import torch
 
 from bnn.layers import BinaryConv2d
 from bnn.models import build_model, calibrate_batchnorm
+
+# verify/ is a package beside tests/; a bare ``pytest tests`` does not put the root on the path.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from verify.nets import downsampling_net
 
 
