@@ -158,9 +158,8 @@ def generate_tiles() -> str:
 
 
 # Pixels per packing step, widest first (bits._pack_nchw_kernel takes the widest that fits).
-# Measured on the ResNet-18 layers at batch 64 against 8 lanes: 64 lanes packed 64x32x32 in
-# 0.35 ms (8 lanes 0.61, 16 lanes 0.73: each channel row is then read 64 bytes at a time, 4 KB
-# apart), 256x8x8 in 0.058 ms (0.10).
+# Narrow steps read each channel row a few bytes at a time, 4 KB apart: 64 lanes were the
+# fastest on the ResNet-18 layers (docs/performance.md).
 PACK_LANES = (64, 32, 16)
 
 

@@ -44,8 +44,8 @@ STREAM_MIN_BYTES = 4 << 20
 # The fused kernel's tiles stay inside one image, so an image's last tile computes 16 positions
 # however few are left: a dense layer (one position) would do 16x the work, 2x2 maps 4x. Below
 # this share of useful tile positions, the GEMM runs with tiles across images, then the
-# identities as a second pass (measured: dense 256x4096x1000 4.4 ms that way, 11 ms fused; 7x7
-# maps, 77% used, are faster fused).
+# identities as a second pass (a dense layer: 2.5x faster so; 7x7 maps, 77% used, are faster
+# fused: docs/performance.md).
 FUSED_MIN_TILE_USE = 0.5
 # Output rows this long or longer are written one array at a time when the arrays' line offsets
 # differ (see _identity_row_intrinsic); shorter ones in one loop on a's lines.
@@ -396,14 +396,9 @@ def _counts_fused(xflat, wflat, k_words, taps_off, bases, n_out, positions, chun
     # One pass for a, b, c, d (all flat, N*O*positions). Units of work are (image, chunk of
     # positions, group of panels); each thread takes a contiguous run of units. A unit's
     # popcount GEMM goes to an L2-resident stage, and the identities of the thread's previous
-    # unit are written from the other stage between its panels, a few rows at a time (batch
-    # 64, 256 channels 8x8: 1.6 ms, against 1.9 for GEMM then identities, which re-read ``a``
-    # from memory). The stores themselves hide little behind the popcounts on the 2-core
-    # development host: the four int64 outputs cost ~0.18 ms each there. A C model of this loop
-    # (same panel, same 64 streamed lines per panel) hides most of them while the identities'
-    # inputs are in L1, and a third to a half once ``a``'s stage and pw come from L2, as they do
-    # here (a unit's stage is L2-sized); writing each panel's rows right after it instead
-    # (stage in L1) was slower: 16-position rows.
+    # unit are written from the other stage between its panels, a few rows at a time, so ``a``
+    # is not re-read from memory; the stores hide little behind the popcounts (measurements:
+    # docs/performance.md, "Fused counts pass").
     n_img = px.shape[0] // positions
     steps = taps_off.shape[0] * k_words
     n_panels = (n_out + 7) // 8

@@ -438,9 +438,8 @@ def _stem(x, wmat, scale, shift, kh, kw, sh, sw, ph, pw, dh, dw, out_w, cols, y,
     # fma over the C*KH*KW inputs) into y[i] (P, O) channels last, then folded BatchNorm
     # (torch's fma, refimpl/_fma.py) and, when pack is True, the sign bits for the first
     # binary unit, while y[i] is still in this core's cache.
-    # (From Python threads instead, matmuls shared the cores with Numba's spinning pool
-    # threads: 7 ms at batch 64, against 3 ms here. A BLAS sgemm per image took 1.5 ms of the
-    # batch's 2.5.)
+    # (Python threads' matmuls shared the cores with Numba's spinning pool threads, and a BLAS
+    # sgemm per image was slower than the tile: docs/performance.md.)
     n_img, channels, h, w = x.shape
     positions, n_out = y.shape[1], y.shape[2]
     out_h = positions // out_w

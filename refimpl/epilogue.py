@@ -14,10 +14,9 @@ no separate binarize pass reads the activation again.
 
 Two forms per residual mode: ``epilogue_<mode>`` reads ``a`` and ``px`` that the GEMM left in
 memory; ``fused_<mode>`` runs the GEMM itself, one tile of pixels at a time
-(``refimpl._tiles.tile_16x8_nhwc``), and consumes the tile's counts while they are in L1
-(measured at batch 64 on a 64-channel 32x32 layer: 3.0 ms fused against 2.2 ms of GEMM plus
-1.1-1.4 ms of epilogue and 0.2 ms of window sums, and one parallel region per layer instead of
-two per group of images).
+(``refimpl._tiles.tile_16x8_nhwc``), and consumes the tile's counts while they are in L1, in
+one parallel region per layer instead of two per group of images (faster than the two passes
+together: docs/performance.md).
 
 Why generate: ``refimpl.measure`` dispatches on the operator codes per element (an ``if`` chain
 of 18 + 14 branches, called 7 times); here the genome's formula is composed once from the
