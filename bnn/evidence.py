@@ -10,7 +10,7 @@ Run folder (``--root``, default ``runs/evidence-DATASET``):
 ``journal.jsonl``: line 1 is the protocol, then one line per finished cell (status ok / diverged /
 rejected / error, val and test accuracy, epochs, wall seconds), appended with one write, flushed
 and fsynced. A rerun of the same command skips the finished cells ("error" cells are retried),
-cuts off a torn last line, and refuses a different protocol. ``lock``: held (fcntl.flock) for the
+cuts off a torn last line, and refuses a different protocol. ``lock``: held (``bnn.runlock``) for the
 whole run, so two runs cannot interleave in one root. ``results.json``, ``results.md`` and
 ``accuracy.png``: the report, rewritten atomically after every cell.
 
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
-import fcntl
 import json
 import os
 import sys
@@ -33,6 +31,7 @@ from refimpl.genome import Genome
 
 from . import _evidence_report as report
 from .paper_results import MEASURES
+from .runlock import RunDirInUse, hold_run_dir
 
 # =============================================================================================
 # The protocol: the only place its defaults are set. Every option below can override them.
@@ -130,18 +129,13 @@ def cell_config(base, cell: dict):
 
 
 def lock_root(root: str):
-    """An exclusive flock on ROOT/lock, held while the returned file stays open."""
-    os.makedirs(root, exist_ok=True)
-    f = open(os.path.join(root, "lock"), "a")
+    """The run folder's lock (``bnn.runlock``), to hold in a ``with`` block; a held root is a GridError."""
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        f.close()
-        if exc.errno in (errno.EAGAIN, errno.EACCES):
-            raise GridError(f"another bnn.evidence run holds {root} (its lock file is locked); "
-                            "wait for it to finish or use another --root") from None
-        raise
-    return f
+        return hold_run_dir(root)
+    except RunDirInUse as exc:
+        who = f"pid {exc.pid}" if exc.pid is not None else "pid unknown"
+        raise GridError(f"another bnn.evidence run holds {root} ({who}); "
+                        "wait for it to finish or use another --root") from None
 
 
 def read_journal(path: str, log) -> tuple[dict | None, dict[str, dict]]:

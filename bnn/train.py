@@ -39,6 +39,7 @@ from refimpl.genome import Genome
 
 from .data import DATASETS, Dataset, canonical_name, dataset_arg, load_dataset
 from .models import DOWNSAMPLE_KINDS, MODELS, build_model, check_downsample
+from .runlock import hold_run_dir
 
 # =============================================================================================
 # Hyperparameters: the only place they are set.
@@ -532,15 +533,26 @@ _KILL_ENV = "BNN_TRAIN_KILL_AFTER_EPOCH"
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     kill_after = int(os.environ[_KILL_ENV]) if os.environ.get(_KILL_ENV) else None
+    lock = None
     try:
+        # One writer per run folder: --resume locks before the checkpoint is read, --out once the
+        # settings are valid (a bad setting leaves no folder); held until the process ends.
+        lock = hold_run_dir(args.resume, create=False) if args.resume and os.path.isdir(args.resume) else None
         cfg = config_from_args(args)
+        if lock is None and cfg.out_dir:
+            cfg.validate()
+            lock = hold_run_dir(cfg.out_dir)
         result = train_model(cfg, progress=not args.no_progress, _stop_after_epoch=kill_after)
         if result.status == "running":
             sys.stdout.flush()
             os._exit(137)
     except (ValueError, FileNotFoundError, OSError) as exc:
+        if lock is not None:
+            lock.release()
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    if lock is not None:
+        lock.release()  # the run's files are all written
     summary = {k: result.to_dict()[k] for k in ("status", "epochs", "val_acc", "test_acc", "test_top5", "wall_s")}
     summary.update(model=cfg.model, dataset=cfg.dataset, measure=cfg.measure, downsample=cfg.downsample,
                    seed=cfg.seed, out=cfg.out_dir)

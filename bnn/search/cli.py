@@ -11,6 +11,7 @@ from pathlib import Path
 
 from refimpl.datasets import DATASETS, IDX, canonical_name, dataset_arg, read_idx_dataset
 
+from ..runlock import hold_run_dir
 from . import journal as jr
 from .engine import SEARCH_FIELDS, Search, SearchConfig
 from .fitness import parse_fitness_spec
@@ -172,6 +173,7 @@ def _config_from_args(args) -> tuple[SearchConfig, Path, bool]:
     else:
         run_dir = Path("runs") / f"search-{cfg.dataset}-{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     if (run_dir / jr.JOURNAL).exists():
+        hold_run_dir(run_dir, create=False).release()  # a running search's folder: say that first
         raise CliError(f"--run-dir {run_dir} already holds a search journal; use --resume {run_dir} to continue it")
     return cfg, run_dir, False
 
@@ -225,28 +227,55 @@ def _validate_training(cfg: SearchConfig, download: bool = False) -> None:
         raise CliError(msg) from None
 
 
+def _lock_resumed(args):
+    """--resume: lock the run folder before its journal is read, so replay sees a stable file."""
+    if not args.resume:
+        return None
+    run_dir = Path(args.resume)
+    if not (run_dir / jr.JOURNAL).exists():
+        raise CliError(f"--resume {run_dir}: no {jr.JOURNAL} there")
+    return hold_run_dir(run_dir, create=False)
+
+
+def _lock_new(run_dir: Path):
+    """A new run: locked after validation (a bad setting leaves no folder), then checked again
+    under the lock, since another search may have started in it meanwhile."""
+    lock = hold_run_dir(run_dir)
+    if (run_dir / jr.JOURNAL).exists():
+        lock.release()
+        raise CliError(f"--run-dir {run_dir} already holds a search journal; use --resume {run_dir} to continue it")
+    return lock
+
+
 def main(argv=None) -> int:
     prog = "bnn.search"
+    lock = None
     try:
-        args = build_parser().parse_args(argv)
-        cfg, run_dir, resuming = _config_from_args(args)
-        _validate(cfg, download=args.download)
-        search = Search(cfg, run_dir, progress=not args.no_progress and not args.json)
-        search.load_reuse()
-        if resuming:
-            search.resume()
-        else:
-            search.start_new()
-    except (CliError, ValueError, jr.JournalError, OSError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    code = 0
-    try:
-        search.run()
-    except KeyboardInterrupt:
-        search.stop_reason = "interrupted (Ctrl-C); continue with --resume " + str(run_dir)
-        code = 130
-    return _report(search, args, code)
+        try:
+            args = build_parser().parse_args(argv)
+            lock = _lock_resumed(args)
+            cfg, run_dir, resuming = _config_from_args(args)
+            _validate(cfg, download=args.download)
+            lock = lock or _lock_new(run_dir)
+            search = Search(cfg, run_dir, progress=not args.no_progress and not args.json)
+            search.load_reuse()
+            if resuming:
+                search.resume()
+            else:
+                search.start_new()
+        except (CliError, ValueError, jr.JournalError, OSError) as exc:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 2
+        code = 0
+        try:
+            search.run()
+        except KeyboardInterrupt:
+            search.stop_reason = "interrupted (Ctrl-C); continue with --resume " + str(run_dir)
+            code = 130
+        return _report(search, args, code)
+    finally:
+        if lock is not None:
+            lock.release()  # held until results.json is written: one writer per run folder
 
 
 def _report(search: Search, args, code: int) -> int:

@@ -1,8 +1,10 @@
 """Append-only JSONL journal: ``RUN_DIR/journal.jsonl``, the search's only durable state.
 
 Every line is one JSON object, written with a single ``write`` of the whole line, flushed and
-fsynced before the engine acts on it. A process killed mid-write leaves at most one torn last
-line; ``read`` ignores it and ``open_for_append`` cuts it off, so new lines never follow garbage.
+fsynced before the engine acts on it, through a handle opened in append mode. A process killed
+mid-write leaves at most one torn last line; ``read`` ignores it and ``open_for_append`` cuts it
+off, so new lines never follow garbage. One process writes it at a time: the engine's caller
+holds the run folder's lock (``bnn.runlock``) from before the journal is read until the end.
 
 Line types: ``start`` (configuration), ``resume`` (informational), ``proposal`` (one candidate,
 with how it was bred), ``result`` (its outcome), ``end`` (why the run stopped; informational:
@@ -51,17 +53,19 @@ class Journal:
 
     @classmethod
     def create(cls, path: Path, start: dict) -> "Journal":
-        fh = open(path, "xb")  # never clobber an existing journal
-        j = cls(path, fh)
+        # O_EXCL: never clobber an existing journal; O_APPEND: every write lands at the end.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | getattr(os, "O_BINARY", 0), 0o666)
+        j = cls(path, os.fdopen(fd, "ab"))
         j.append({"type": "start", **start})
         return j
 
     @classmethod
     def open_for_append(cls, path: Path, good_length: int) -> "Journal":
-        fh = open(path, "r+b")
-        fh.truncate(good_length)  # drop a torn tail before appending after it
-        fh.seek(good_length)
-        return cls(path, fh)
+        """Cut a torn tail off, then append: in append mode no write can land on earlier bytes
+        (the run folder's lock, ``bnn.runlock``, keeps a second writer out altogether)."""
+        with open(path, "r+b") as fh:
+            fh.truncate(good_length)
+        return cls(path, open(path, "ab"))
 
     def append(self, event: dict, sync: bool = True) -> None:
         """Write one line; ``sync=True`` flushes and fsyncs it (and everything before it).
