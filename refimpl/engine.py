@@ -496,44 +496,57 @@ def _pack_padded(x, width, pad_h, pad_w, bits):
             bits[i, yy + pad_h, p - yy * width + pad_w, word] = _sign_word(row, word * 64, min(channels, word * 64 + 64))
 
 
-def _real_shortcut(x, kh, kw, wt, scale, shift, out_w, pooled, out):
+def _real_shortcut(x, kh, kw, wt, scale, shift, out_w, cols, out):
     # The Bi-Real shortcut as torch's CPU kernels compute it (measured on torch 2.13: every
-    # output bit-identical): x (N, H, W, C) -> out (N, P, O). Average pool of kernel and stride
-    # (kh, kw) in ceil mode, each window summed from 0 in (row, column) order and divided by
-    # its in-bounds pixel count; then the 1x1 convolution, summed from 0 by fma in input-channel
-    # order (one fixed order for any batch split and thread count; no BLAS); then the folded
-    # BatchNorm, fma(y, scale, shift). One output row of one image per task; vectorized over
-    # channels (the pool) and outputs (the convolution).
+    # output bit-identical): x (N, H, W, C) -> out (N, P, O), one image per task.
+    # 1. Average pool of kernel and stride (kh, kw) in ceil mode, each window summed from 0 in
+    #    (row, column) order and divided by its in-bounds pixel count, into this thread's
+    #    cols (C, P), the layout of the stem's im2col.
+    # 2. The 1x1 convolution by the stem's register tile (_tiles.stem_tile_*): each output
+    #    summed from 0 by fma in input-channel order, as torch's is, and one fixed order for
+    #    any batch split and thread count (no BLAS). A loop over one pixel's outputs per weight
+    #    row ran at 11 GFLOP/s on one core (here 25-28), 50 ms of ResNet-18's 130 at batch 64.
+    # 3. The folded BatchNorm, fma(y, scale, shift).
     n_img, h, w, channels = x.shape
     positions, n_out = out.shape[1], out.shape[2]
     out_h = positions // out_w
-    for r in prange(n_img * out_h):
-        i = r // out_h
-        oy = r - i * out_h
-        v = pooled[numba.get_thread_id()]
-        y0 = oy * kh
-        y1 = min(y0 + kh, h)
-        for ox in range(out_w):
-            x0 = ox * kw
-            x1 = min(x0 + kw, w)
-            count = np.float32((y1 - y0) * (x1 - x0))
-            for c in range(np.uint64(channels)):
-                v[c] = np.float32(0.0)
-            for yy in range(y0, y1):
-                for xx in range(x0, x1):
-                    src = x[i, yy, xx]
-                    for c in range(np.uint64(channels)):
-                        v[c] += src[c]
-            for c in range(np.uint64(channels)):
-                v[c] = v[c] / count
-            row = out[i, oy * out_w + ox]
-            for o in range(np.uint64(n_out)):
-                row[o] = np.float32(0.0)
-            for c in range(channels):
-                vc = v[c]
-                src = wt[c]
-                for o in range(np.uint64(n_out)):
-                    row[o] = fma32(vc, src[o], row[o])
+    tp, tq = STEM_PIXELS, STEM_CHANNELS
+    ps = positions // tp  # a tile takes pixels p0, p0 + ps, ... (as in _stem)
+    full_p = ps * tp
+    full_o = n_out - n_out % tq
+    for i in prange(n_img):
+        col = cols[numba.get_thread_id()]
+        window = col[channels]  # the scratch's spare row: one window's sums, channels contiguous
+        for oy in range(out_h):
+            y0 = oy * kh
+            y1 = min(y0 + kh, h)
+            for ox in range(out_w):
+                x0 = ox * kw
+                x1 = min(x0 + kw, w)
+                count = np.float32((y1 - y0) * (x1 - x0))
+                for c in range(np.uint64(channels)):
+                    window[c] = np.float32(0.0)
+                for yy in range(y0, y1):
+                    for xx in range(x0, x1):
+                        src = x[i, yy, xx]
+                        for c in range(np.uint64(channels)):
+                            window[c] += src[c]
+                p = oy * out_w + ox
+                for c in range(channels):
+                    col[c, p] = window[c] / count
+        yi = out[i]
+        pooled = col[:channels]  # the tile sums over all rows of what it is given
+        for o0 in range(0, full_o, tq):
+            for p0 in range(ps):
+                STEM_TILE(pooled, wt, p0, ps, o0, yi)
+        for p in range(positions):  # pixels and channels past the whole tiles
+            for o in range(full_o if p < full_p else 0, n_out):
+                total = np.float32(0.0)
+                for c in range(channels):
+                    total = fma32(pooled[c, p], wt[c, o], total)
+                yi[p, o] = total
+        for p in range(positions):
+            row = yi[p]
             for o in range(np.uint64(n_out)):
                 row[o] = fma32(row[o], scale[o], shift[o])
 
@@ -587,7 +600,7 @@ with epilogue._loop_vectorizer():
                               **_jit.OPTIONS)(_pack_padded)
     _global_mean = numba.njit("void(f4[:, :, ::1], f4[:, ::1])", parallel=True, **_jit.OPTIONS)(_global_mean)
     _linear = numba.njit("void(f4[:, ::1], f4[:, ::1], f4[::1], f4[:, ::1])", parallel=True, **_jit.OPTIONS)(_linear)
-    _real_shortcut = numba.njit("void(f4[:, :, :, ::1], i8, i8, f4[:, ::1], f4[::1], f4[::1], i8, f4[:, ::1], "
+    _real_shortcut = numba.njit("void(f4[:, :, :, ::1], i8, i8, f4[:, ::1], f4[::1], f4[::1], i8, f4[:, :, ::1], "
                                 "f4[:, :, ::1])", parallel=True, **_jit.OPTIONS)(_real_shortcut)
     _stem = numba.njit("void(f4[:, :, :, ::1], f4[:, ::1], f4[::1], f4[::1], i8, i8, i8, i8, i8, i8, i8, i8, i8, "
                        "f4[:, :, ::1], f4[:, :, ::1], b1, i8, i8, u8[:, :, :, ::1])",
@@ -833,7 +846,10 @@ class _UnitStep(_Step):
             kh, kw = self.shortcut["pool"]
             if (-(-h // kh), -(-w // kw)) != (oh, ow):
                 raise ValueError(f"{layer['name']}: shortcut output {-(-h // kh)}x{-(-w // kw)} != conv output {oh}x{ow}")
-            self.pooled = np.empty((numba.config.NUMBA_NUM_THREADS, c), dtype=np.float32)
+            # The pooled image per thread, (C, P) as the stem's im2col; 16 floats of row padding
+            # spread rows that would be 4 KB apart over L1 sets (see _StemStep).
+            # One spare row holds a window's sums while they are formed.
+            self.cols = np.empty((numba.config.NUMBA_NUM_THREADS, c + 1, max(oh * ow + 16, c)), dtype=np.float32)
         # An identity unit adds its output into its input's buffer, in place (epilogue.py says
         # why); the others write a buffer of their own.
         self.out = None if layer["residual"] == "identity" else arena.take(self.out_shape)
@@ -850,8 +866,8 @@ class _UnitStep(_Step):
         out = x.reshape(self.out_shape) if L["residual"] == "identity" else self.out
         if self.shortcut is not None:
             s = self.shortcut
-            _call(_real_shortcut, n_img * self.out_chw[1], np.ascontiguousarray(x), *s["pool"], s["wt"], s["scale"],
-                  s["shift"], self.out_chw[2], self.pooled, out)
+            _call(_real_shortcut, n_img, np.ascontiguousarray(x), *s["pool"], s["wt"], s["scale"], s["shift"],
+                  self.out_chw[2], self.cols, out)
         debug = [] if record is not None else None
         if record is None and self.n_tiles >= FUSED_MIN_TILES_PER_THREAD * _RUN_THREADS[0]:
             self._run_fused(out)
