@@ -7,20 +7,27 @@ how many jobs may run at once. A result is always a dict (``Worker.run`` turns e
 
 * ``SerialEvaluator``: in this process, one job at a time (the default; exactly Algorithm 1).
 * ``LocalPoolEvaluator``: N spawned processes, one per GPU through ``CUDA_VISIBLE_DEVICES``, each
-  loading the data set once. A worker process that dies is restarted and its job retried.
+  loading the data set once. A worker process that dies is restarted and its job retried; a
+  worker dies with the search (``die_with_parent``), so a SIGKILLed search leaves none behind.
 * ``RayEvaluator``: one long-lived actor per GPU (or per CPU worker when the cluster has none);
   Ray restarts a dead actor and retries the task on it.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing as mp
 import os
 import queue
+import signal
+import sys
+import threading
 import time
 
 from .fitness import Worker
 
 MAX_RETRIES = 2  # retries of one job after its worker process died (not after application errors)
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class SerialEvaluator:
@@ -51,11 +58,51 @@ class SerialEvaluator:
 
 # -- local worker processes ------------------------------------------------------------------------
 
-def _pool_main(fitness_spec, train, jobs, results):
+def _set_parent_death_signal() -> bool:
+    """Linux: ask the kernel to SIGKILL this process when its parent dies (prctl). Note the
+    kernel's "parent" is the thread that started us: the pool starts workers from the search's
+    main thread, which lives as long as the search."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _exit_when_closed(alive) -> None:
+    """The fallback's watcher thread: the parent never writes to ``alive``, so recv() returns
+    only with EOF, when the parent (the only holder of the other end) has closed it or died."""
+    with contextlib.suppress(EOFError, OSError):
+        alive.recv()
+    os._exit(1)
+
+
+def die_with_parent(parent_pid: int, alive) -> None:
+    """First thing a worker does: make sure it cannot outlive the search that started it (a
+    SIGKILLed search would otherwise leave workers, with their memory and GPUs, blocked forever).
+    Linux: the parent-death signal, then a check that the parent did not die before it was set;
+    elsewhere: a daemon thread that exits when the liveness pipe ``alive`` reaches EOF."""
+    if _set_parent_death_signal():
+        alive.close()
+        if os.getppid() != parent_pid:
+            os._exit(1)
+        return
+    watch_liveness_pipe(alive)
+
+
+def watch_liveness_pipe(alive) -> None:
+    """Exit this process as soon as ``alive`` (a pipe end only the parent holds the other end
+    of) reaches EOF: the fallback where there is no parent-death signal."""
+    threading.Thread(target=_exit_when_closed, args=(alive,), name="parent-liveness", daemon=True).start()
+
+
+def _pool_main(fitness_spec, train, jobs, results, parent_pid=None, alive=None):
     # Runs in a spawned child whose CUDA_VISIBLE_DEVICES was set before it started, so the one
     # GPU it sees is "cuda:0" and torch never initializes the others.
-    import signal
-
+    if alive is not None:
+        die_with_parent(parent_pid, alive)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes us
     worker = Worker(fitness_spec, train)
     while True:
@@ -73,6 +120,7 @@ class LocalPoolEvaluator:
         self.results = self.ctx.Queue()
         self.procs: list = [None] * workers
         self.inboxes: list = [None] * workers
+        self.alive: list = [None] * workers  # our ends of the workers' liveness pipes, never written
         self.running: list[dict | None] = [None] * workers
         self.retries: dict[int, int] = {}
         self.backlog: list[dict] = []  # jobs beyond the free workers (a resumed run may have more)
@@ -91,15 +139,20 @@ class LocalPoolEvaluator:
         os.environ.update(env)  # spawn copies os.environ at start()
         try:
             inbox = self.ctx.Queue()
-            p = self.ctx.Process(target=_pool_main, args=(self.spec, self.train, inbox, self.results), daemon=True)
+            theirs, ours = self.ctx.Pipe(duplex=False)
+            p = self.ctx.Process(target=_pool_main, args=(self.spec, self.train, inbox, self.results, os.getpid(),
+                                                          theirs), daemon=True)
             p.start()
+            theirs.close()  # the worker holds the only other end: EOF there means we are gone
         finally:
             for k, v in old.items():
                 if v is None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        self.procs[i], self.inboxes[i] = p, inbox
+        if self.alive[i] is not None:
+            self.alive[i].close()  # the dead worker's pipe
+        self.procs[i], self.inboxes[i], self.alive[i] = p, inbox, ours
 
     @property
     def outstanding(self) -> int:
@@ -167,6 +220,9 @@ class LocalPoolEvaluator:
                 p.join(max(0.0, deadline - time.time()))
                 if p.is_alive():
                     p.kill()
+        for c in self.alive:
+            if c is not None:
+                c.close()
 
 
 # -- Ray -------------------------------------------------------------------------------------------
