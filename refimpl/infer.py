@@ -130,7 +130,7 @@ def _inputs(args, model):
 def run(args) -> dict:
     import numba
 
-    from . import engine
+    from . import engine, isa
 
     if (args.data_dir is not None or args.download) and args.dataset is None:
         raise ValueError("--data-dir and --download go with --dataset NAME")
@@ -175,6 +175,7 @@ def run(args) -> dict:
         "latency_ms_batch1": 1e3 * float(np.median(single)),
         "batch": args.batch,
         "threads": numba.get_num_threads(),
+        "isa_path": isa.current_path(),  # the kernel path (refimpl/isa.py; REFIMPL_ISA forces one)
         "model": args.model,
         "arch": model.meta.get("arch"),
         "genome": str(model.genome),

@@ -80,3 +80,17 @@ def test_a_bad_option_is_one_line_and_exit_2(capsys):
         info.main(["--bogus"])
     assert exc.value.code == 2
     assert capsys.readouterr().err.splitlines() == ["error: unrecognized arguments: --bogus"]
+
+
+def test_refimpl_infer_json_carries_the_kernel_path(tmp_path, capsys):
+    from _tiny_bnn import model_bytes, tiny_model
+
+    from refimpl import infer
+
+    model = tmp_path / "tiny.bnn"
+    model.write_bytes(model_bytes(*tiny_model()))
+    x = tmp_path / "x.npy"
+    np.save(x, np.random.default_rng(0).integers(0, 17, size=(3, 8, 8, 1), dtype=np.uint8))
+    assert infer.main([str(model), "--input", str(x), "--json", "--batch", "2", "--threads", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["isa_path"] == isa.current_path() and summary["isa_path"] in isa.PATHS
