@@ -205,6 +205,57 @@ def _train_cell(cfg, data) -> dict:
     return {"status": r.status, "val_acc": r.val_acc, "test_acc": r.test_acc, "epochs": r.epochs}
 
 
+# One process per job, each with its own copy of the data set and cores // jobs torch threads:
+# a small network uses two threads poorly, so two one-thread cells train faster than one after the
+# other. A cell's result does not depend on which worker trained it (its seed fixes every draw).
+_WORKER: dict = {}
+
+
+def _worker_init(base, threads: int, parent_pid: int, alive) -> None:
+    import signal
+
+    import torch
+
+    from .search.evaluators import die_with_parent
+
+    die_with_parent(parent_pid, alive)  # a killed grid leaves no worker behind
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    torch.set_num_threads(threads)
+    _WORKER["device"], _WORKER["data"] = _load(base)
+
+
+def _worker_cell(cfg) -> dict:
+    t0 = time.perf_counter()
+    cfg = dataclasses.replace(cfg, device=_WORKER["device"])
+    return {**_train_cell(cfg, _WORKER["data"]), "wall_s": round(time.perf_counter() - t0, 3)}
+
+
+def _results_in_parallel(base, todo, configs, jobs: int):
+    """Yield (cell, row) as worker processes finish them, in completion order."""
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    ctx = mp.get_context("spawn")  # fork after torch/numba threads start is unsafe
+    alive, keep = ctx.Pipe(duplex=False)
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init,
+                             initargs=(base, threads, os.getpid(), alive)) as pool:
+        pending = {pool.submit(_worker_cell, configs[c["key"]]): c for c in todo}
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                yield pending.pop(future), future.result()
+    keep.close()
+
+
+def _results_in_order(base, todo, configs):
+    device, data = _load(base)
+    for cell in todo:
+        t_cell = time.perf_counter()
+        cfg = dataclasses.replace(configs[cell["key"]], device=device)
+        yield cell, {**_train_cell(cfg, data), "wall_s": round(time.perf_counter() - t_cell, 3)}
+
+
 def _cell_line(i: int, n: int, row: dict) -> str:
     def pct(v):
         return "n/a" if v is None else f"{100 * v:.2f}%"
@@ -214,8 +265,10 @@ def _cell_line(i: int, n: int, row: dict) -> str:
             f"{row['wall_s']:.0f} s{tail}")
 
 
-def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bool = True, log=print) -> dict:
-    """Train the cells not yet in the journal, then write the report; returns results.json's content."""
+def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bool = True, log=print,
+             jobs: int = 1) -> dict:
+    """Train the cells not yet in the journal (``jobs`` at a time), then write the report; returns
+    results.json's content."""
     t0 = time.perf_counter()
     protocol = protocol_of(base)
     journal = os.path.join(root, "journal.jsonl")
@@ -230,21 +283,25 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
             check_protocol(saved, protocol, root)
         todo = [c for c in cells if done.get(c["key"], {}).get("status") not in FINAL]
         log(f"{root}: {len(cells) - len(todo)} of {len(cells)} cells already finished, {len(todo)} to train")
-        device, data = _load(base) if todo else (base.device, None)
+        from .train import resolve_device
+
+        try:
+            device = str(resolve_device(base.device, base.dataset))
+        except ValueError as exc:
+            raise GridError(str(exc)) from None
         host = report.host_label(report.host_info(device))
         bar = _bar(len(todo), progress)
-        for i, cell in enumerate(todo, 1):
-            t_cell = time.perf_counter()
-            cfg = dataclasses.replace(configs[cell["key"]], device=device)
-            row = {**cell, **_train_cell(cfg, data), "device": device, "host": host, "wall_s": round(time.perf_counter() - t_cell, 3)}
+        jobs = min(jobs, len(todo))
+        rows = _results_in_parallel(base, todo, configs, jobs) if jobs > 1 else _results_in_order(base, todo, configs)
+        for i, (cell, result) in enumerate(rows, 1):
+            row = {**cell, **result, "device": device, "host": host}
             append_line(journal, row)
             done[cell["key"]] = row
             if bar is not None:
                 bar.write(_cell_line(i, len(todo), row), file=sys.stderr)  # above the bar, never on stdout
+                bar.update(1)
             else:
                 log(_cell_line(i, len(todo), row))
-            if bar is not None:
-                bar.update(1)
         if bar is not None:
             bar.close()
         results = build_results(saved or protocol, done, device, time.perf_counter() - t0)
@@ -312,6 +369,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float)
     p.add_argument("--milestones", help="comma-separated epochs after which the lr is multiplied by gamma")
     p.add_argument("--val-size", type=int, help="validation images held out of the training set")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="cells trained at once, each in its own process with cores/jobs threads (default 1)")
     p.add_argument("--smoke", action="store_true", help="a tiny grid on digits: baseline,M1 x seeds 0,1 x 1 epoch of 3 steps")
     p.add_argument("--table-only", action="store_true", help="rewrite the report from the journal, train nothing")
     p.add_argument("--json", action="store_true", help="print results.json's content as the last line of stdout")
@@ -383,7 +442,10 @@ def main(argv=None) -> int:
         if args.table_only:
             results = table_only(root, args.plot, log)
         else:
-            results = run_grid(root, base, cells, progress=not args.no_progress, plot=args.plot, log=log)
+            if args.jobs < 1:
+                raise GridError(f"--jobs must be at least 1, got {args.jobs}")
+            results = run_grid(root, base, cells, progress=not args.no_progress, plot=args.plot, log=log,
+                               jobs=args.jobs)
     except GridError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

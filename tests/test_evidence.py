@@ -289,3 +289,30 @@ def test_smoke_grid_trains_reports_and_journals_on_digits(tmp_path, capsys):
     except ImportError:
         return
     assert (root / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_jobs_train_cells_in_worker_processes_with_the_serial_results(tmp_path, capsys):
+    import torch
+
+    root = tmp_path / "jobs"
+    assert evidence.main(["--smoke", "--root", str(root), "--no-progress", "--no-plot", "--jobs", "2"]) == 0
+    parallel = {r["key"]: r for r in _journal(root)[1:]}
+    assert sorted(parallel) == ["M1/binary/s0", "M1/binary/s1", "baseline/binary/s0", "baseline/binary/s1"]
+    # each worker trains with cores // jobs threads; the same cell trained here with as many
+    # threads gives the same model (its seed fixes every draw)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))
+    try:
+        cfg = bnn_train.TrainConfig(dataset="digits", model="digits_net", epochs=1, batch_size=512, milestones=(),
+                                    seed=1, measure="M1")
+        serial = bnn_train.train_model(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    assert parallel["M1/binary/s1"]["status"] == serial.status
+    assert parallel["M1/binary/s1"]["test_acc"] == serial.test_acc
+
+
+def test_jobs_below_one_are_refused(tmp_path, capsys):
+    assert evidence.main(["--smoke", "--root", str(tmp_path / "r"), "--jobs", "0"]) == 2
+    assert "--jobs" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
