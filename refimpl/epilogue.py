@@ -22,22 +22,25 @@ Why generate: ``refimpl.measure`` dispatches on the operator codes per element (
 of 18 + 14 branches, called 7 times); here the genome's formula is composed once from the
 operator table (``formula.substitute``, as ``Genome.formula()`` does) and emitted as straight-line
 Numba code with float32 constants, so LLVM sees one expression and the baseline measure is just
-integer arithmetic. The source goes to a file in a cache directory and is imported from there:
+integer arithmetic. The source goes to a file in a cache directory and the module is executed
+from the generated text with that file's name (never imported, so no ``.pyc`` is consulted):
 Numba's ``cache=True`` only works for functions that live in a real file, and a file per genome
 keeps the compiled epilogue across processes (the second run of ``refimpl.infer`` does not
 compile).
 
 Cache directory: ``$BNN_MEASURE_CACHE``, else ``$XDG_CACHE_HOME/bnn-measure``, else
-``~/.cache/bnn-measure``.
+``~/.cache/bnn-measure``; created with mode 700, and used only while it is this user's and not
+writable by group or others (Numba's cache entries there are pickles): otherwise a fresh private
+temp folder serves the process, with a one-line warning.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import os
 import sys
 import tempfile
+import types
 
 from .blocked import TILE_CHANNELS, TILE_PIXELS, tile_function_name
 from .codegen import to_numba
@@ -338,33 +341,81 @@ def fused_kernel(module, mode: str):
 
 
 _LOADED: dict[str, object] = {}
+_FALLBACK: list[str] = []  # this process's private temp folder, once the cache folder was refused
 
 
-def load(genome):
-    """The compiled epilogue module for ``genome`` (generated into the cache directory once)."""
+def _unsafe(path: str) -> str | None:
+    """Why ``path`` must not hold code this process runs, or None. Whoever can write there can
+    plant a module or a Numba cache entry (pickles), so it must be ours and closed to others.
+    POSIX only: Windows folders under the user's profile are private by their ACLs."""
+    if not hasattr(os, "geteuid"):
+        return None
+    st = os.stat(path)
+    if not os.path.isdir(path):
+        return f"{path} is not a folder"
+    if st.st_uid != os.geteuid():
+        return f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by group or others (mode {st.st_mode & 0o777:o})"
+    return None
+
+
+def private_cache_dir() -> str:
+    """``cache_dir()``, created with mode 700, if it (and its ``__pycache__``, where Numba keeps
+    its cache) is private to this user; else a fresh private temp folder, with a one-line warning."""
+    directory = cache_dir()
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    pycache = os.path.join(directory, "__pycache__")
+    problem = _unsafe(directory) or (_unsafe(pycache) if os.path.lexists(pycache) else None)
+    if problem is None:
+        return directory
+    if not _FALLBACK:
+        _FALLBACK.append(tempfile.mkdtemp(prefix="bnn-measure-"))  # mode 700
+        print(f"refimpl: warning: not using the measure cache: {problem}; compiling into {_FALLBACK[0]} "
+              "for this process (fix: chmod go-w the folder, or set BNN_MEASURE_CACHE to a private one)",
+              file=sys.stderr)
+    return _FALLBACK[0]
+
+
+def module_name(genome) -> tuple[str, str]:
+    """(the module's name, which is also its file's stem, and its generated text)."""
     g = Genome.parse(genome)
     text = generate(g)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    key = f"bnn_measure_epilogue_{str(g).replace('-', '_')}_{digest}"
+    return f"bnn_measure_epilogue_{str(g).replace('-', '_')}_{digest}", text
+
+
+def load(genome):
+    """The compiled epilogue module for ``genome`` (generated into the cache directory once).
+
+    The module runs from the text generated here, compiled with ``compile()``: never from what
+    the folder holds, so a planted ``.py`` or ``__pycache__/*.pyc`` is never executed. The file
+    is still written (and rewritten when it differs): Numba's cache is keyed by a real source
+    file, and its line numbers point into it."""
+    key, text = module_name(genome)
     if key in _LOADED:
         return _LOADED[key]
-    directory = cache_dir()
-    os.makedirs(directory, exist_ok=True)
+    directory = private_cache_dir()
     path = os.path.join(directory, f"{key}.py")
     current = None
     if os.path.isfile(path):
-        with open(path) as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             current = f.read()
     if current != text:
-        # Atomic, so a concurrent process never imports a half-written file.
+        # Atomic, so a concurrent process never reads a half-written file.
         fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(key, path)
-    module = importlib.util.module_from_spec(spec)
+    code = compile(text, path, "exec", dont_inherit=True)
+    module = types.ModuleType(key)
+    module.__file__ = path  # Numba's cache locates and stamps the kernels by this file
     sys.modules[key] = module  # Numba's cache and pickling find functions by module name
-    with _loop_vectorizer():
-        spec.loader.exec_module(module)  # compiles (or loads from Numba's cache) the kernels
+    try:
+        with _loop_vectorizer():
+            exec(code, module.__dict__)  # noqa: S102 - our generated text; compiles (or loads from Numba's cache) the kernels
+    except BaseException:
+        sys.modules.pop(key, None)
+        raise
     _LOADED[key] = module
     return module
