@@ -116,3 +116,20 @@ def test_ctrl_c_prints_the_leaderboard_writes_results_and_resumes(tmp_path):
     r = cli("--resume", str(d), "--max-evaluations", str(done + 20), "--json", "--no-progress")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["evaluations"] == done + 20
+
+
+def test_train_size_is_part_of_the_fitness_setting_and_trains_on_that_subset(tmp_path):
+    from bnn.search.cli import main
+    from bnn.search.engine import SearchConfig
+    from bnn.search.fitness import Worker
+
+    d = tmp_path / "run"
+    assert main([*SYN, "--train-size", "100", "--max-evaluations", "3", "--no-progress", "--run-dir", str(d)]) == 0
+    start = json.loads((d / "journal.jsonl").read_text().splitlines()[0])
+    assert start["config"]["train_size"] == 100
+    assert main(["--resume", str(d), "--train-size", "200"]) == 2  # what the search computes is fixed
+    cfg = SearchConfig(dataset="digits", model="digits_net", epochs=1, train_size=100)
+    worker = Worker("train", cfg.train_dict())
+    result = worker.run({"seq": 0, "genome": "0-0-0-0-0-0-1", "reject_below": None})
+    assert result["status"] == "ok", result
+    assert len(worker._data.train_y) == 100

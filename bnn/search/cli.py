@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=_positive, help="batch size (default 128)")
     t.add_argument("--lr", type=float, help="Adam learning rate, constant (default 5e-3)")
     t.add_argument("--val-size", type=int, help="validation images held out of the training set (default: 10%% for digits, else 5000)")
+    t.add_argument("--train-size", type=_positive,
+                   help="training images per fitness training, a seeded subset of the training split (default: all)")
     t.add_argument("--train-seed", type=int, help="seed of every fitness training (default 0)")
     t.add_argument("--device", help="auto, cpu or cuda (default auto)")
     t.add_argument("--fitness", help=argparse.SUPPRESS)  # testing: synthetic:SEED[,delay=S][,die_once=PATH]

@@ -35,12 +35,13 @@ from .ga import GeneticSearch, Thresholds
 
 # Fields that define what a search computes: fixed at start, taken from the journal on resume.
 SEARCH_FIELDS = ("dataset", "model", "downsample", "epochs", "population", "seed", "thresholds", "threshold_steps",
-                 "batch_size", "lr", "val_size", "train_seed", "fitness", "cache", "equivalence",
+                 "batch_size", "lr", "val_size", "train_size", "train_seed", "fitness", "cache", "equivalence",
                  "screening", "unique_members", "reuse")
 # Fields that must match for another run's trainings to be reused (--reuse).
-TRAIN_FIELDS = ("dataset", "model", "downsample", "epochs", "batch_size", "lr", "val_size", "train_seed", "fitness")
+TRAIN_FIELDS = ("dataset", "model", "downsample", "epochs", "batch_size", "lr", "val_size", "train_size", "train_seed",
+                "fitness")
 # What a journal written before a field existed computed: its start event lacks the key.
-JOURNAL_DEFAULTS = {"downsample": "binary"}
+JOURNAL_DEFAULTS = {"downsample": "binary", "train_size": None}
 
 
 @dataclass
@@ -56,6 +57,7 @@ class SearchConfig:
     batch_size: int = 128
     lr: float = 5e-3
     val_size: int | None = None
+    train_size: int | None = None  # a seeded subset of the training split per fitness training; None = all
     train_seed: int = 0
     fitness: str = "train"
     cache: bool = True
@@ -77,7 +79,7 @@ class SearchConfig:
     def train_dict(self) -> dict:
         return {"dataset": self.dataset, "model": self.model, "downsample": self.downsample, "epochs": self.epochs,
                 "batch_size": self.batch_size, "lr": self.lr, "val_size": self.val_size,
-                "seed": self.train_seed, "data_dir": self.data_dir, "device": self.device}
+                "train_size": self.train_size, "seed": self.train_seed, "data_dir": self.data_dir, "device": self.device}
 
 
 def _clean(v):

@@ -339,12 +339,13 @@ class Worker:
             # The validation split is TrainConfig's (split_seed), not the training seed: every
             # candidate is scored on the same held-out images.
             split = TrainConfig.__dataclass_fields__["split_seed"].default if "split_seed" in TrainConfig.__dataclass_fields__ else 0
-            self._data = load_dataset(t["dataset"], t.get("data_dir"), t.get("val_size"), split, device)
+            self._data = load_dataset(t["dataset"], t.get("data_dir"), t.get("val_size"), split, device,
+                                      train_size=t.get("train_size"))
         wanted = dict(
             model=t["model"], dataset=t["dataset"], measure=job["genome"], epochs=t["epochs"],
             downsample=t.get("downsample", "binary"),
             batch_size=t["batch_size"], lr=t["lr"], seed=t["seed"], device=t["device"],
-            data_dir=t.get("data_dir"), val_size=t.get("val_size"),
+            data_dir=t.get("data_dir"), val_size=t.get("val_size"), train_size=t.get("train_size"),
             milestones=(), out_dir=None,  # the paper's fitness: constant lr; no files per candidate
             eval_test=False,  # fitness is validation accuracy; the test set stays out of the search
         )
