@@ -1,4 +1,4 @@
-"""Contingency counts a, b, c, d in PyTorch, differentiable (SPEC sections 1 and 6).
+"""Contingency counts a, b, c, d in PyTorch, differentiable (docs/design.md sections 1 and 6).
 
 Public contract, as ``refimpl``: ``x`` and ``w`` hold +-1 values (the outputs of ``ste_sign``).
 Inside, the counts are taken over the 0/1 relaxations ``xb = (1 + x) / 2`` and
@@ -8,7 +8,7 @@ not a binarization: binarize first.
 
 Returns float tensors (N, O, Ho, Wo) for a convolution, (N, M) for a dense layer, in the
 input's dtype (float32 when the input is float16/bfloat16: half precision would round counts
-above 2048 or 256, SPEC section 1).
+above 2048 or 256, docs/design.md section 1).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ import torch.nn.functional as F
 # (a + d) - (b + c) it is 2 * (g - (-g)), one pass instead of four.
 #
 # Why a hand-written backward: letting autograd differentiate the identities costs a pass per
-# broadcast and per subtraction (the prototype in PERFORMANCE.md spent most of its 2.3x of a
+# broadcast and per subtraction (the prototype in docs/performance.md spent most of its 2.3x of a
 # plain conv on such elementwise passes). Here the forward makes 3 full-size passes (b, c, d)
 # plus one over the input (xb) and one read (sum over channels); the backward 1-3 passes for
 # dL/da, 4 reductions, and one add into dL/dx.

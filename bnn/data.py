@@ -6,7 +6,7 @@ every training run of a process (the search trains hundreds of models per worker
 random crop and horizontal flip are batch operations on the device; there are no DataLoader
 workers, and the same code runs on CPU and GPU.
 
-Splits: the validation set is held out of the training set by a seeded permutation (SPEC §7:
+Splits: the validation set is held out of the training set by a seeded permutation (docs/design.md section 7:
 fitness and model selection use it); the test set is only for final numbers.
 digits has no official test set: its test set is the LAST ``DIGITS_TEST_SIZE`` images of
 ``sklearn.datasets.load_digits()`` in the order it returns them (no shuffle, so an engine without

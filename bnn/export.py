@@ -5,13 +5,13 @@ metadata holds one JSON document under the key ``"bnn-measure"`` (``FORMAT``):
 
 * ``format`` (``"bnn-measure"``), ``version`` (``VERSION``);
 * ``genome`` (canonical text) and ``arch``, ``num_classes``, ``input_shape``;
-* ``downsample``: ``"binary"`` or ``"real"`` (SPEC section 6); a file without it is binary;
+* ``downsample``: ``"binary"`` or ``"real"`` (docs/design.md section 6); a file without it is binary;
 * ``input``: normalization ``(pixel - mean[c]) / std[c]`` in raw pixel units, ``pixel_max``;
 * ``class_names``; ``source_sha256`` of the checkpoint it came from (or null);
 * ``layers``: the network in execution order, each entry naming its tensors (see
   ``_describe``); ``refimpl.engine`` runs exactly this list.
 
-Tensors: binary weights as uint64 words ``(O, KH, KW, ceil(I/64))`` (SPEC section 1: bit 1 is
+Tensors: binary weights as uint64 words ``(O, KH, KW, ceil(I/64))`` (docs/design.md section 1: bit 1 is
 ``w >= 0``, channels packed along the last axis, the OHWI layout the popcount kernel reads);
 ``alpha`` float32 ``(4, O)``; every BatchNorm folded into float32 ``scale``/``shift`` per
 channel; the full-precision stem weight and the classifier in float32.

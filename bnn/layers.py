@@ -1,4 +1,4 @@
-"""Binary layers: sign with straight-through estimators, counts, measure (SPEC section 6).
+"""Binary layers: sign with straight-through estimators, counts, measure (docs/design.md section 6).
 
 BatchNorm is not part of the layer; the models put it after.
 """
@@ -16,7 +16,7 @@ from .measure import default_alpha, measure
 
 
 def sign(x: torch.Tensor) -> torch.Tensor:
-    """+1 where ``x >= 0``, else -1: zero maps to +1 (unlike ``torch.sign``; SPEC section 1)."""
+    """+1 where ``x >= 0``, else -1: zero maps to +1 (unlike ``torch.sign``; docs/design.md section 1)."""
     return torch.where(x >= 0, x.new_ones(()), x.new_full((), -1.0))
 
 
@@ -40,7 +40,7 @@ def ste_sign(x: torch.Tensor, clip_value: float | None = 1.0) -> torch.Tensor:
     """``sign(x)`` forward; backward passes the gradient where ``|x| <= clip_value``.
 
     ``clip_value=1.0`` is the clipped identity used for activations, ``None`` the plain identity
-    used for weights (SPEC section 6).
+    used for weights (docs/design.md section 6).
     """
     if clip_value is not None and not clip_value > 0:
         raise ValueError(f"clip_value must be a positive number or None, got {clip_value!r}")

@@ -1,4 +1,4 @@
-"""The measure graph in PyTorch, derived from ``refimpl.operators`` (SPEC section 2).
+"""The measure graph in PyTorch, derived from ``refimpl.operators`` (docs/design.md section 2).
 
 There is no second operator table here: each row's formula text is compiled once and evaluated
 with the names of ``refimpl.operators.FUNCTIONS`` bound to torch functions. IEEE semantics as

@@ -1,4 +1,4 @@
-"""BNN model families (SPEC §6), one genome for every binary layer, built by name.
+"""BNN model families (docs/design.md section 6), one genome for every binary layer, built by name.
 
 Every model has the same flat shape, so an exporter walks it without special cases:
 
@@ -14,7 +14,7 @@ A ``BinaryUnit`` computes
 
 where ``conv`` is a ``BinaryConv2d`` (it binarizes its own input with sign), so every binary
 layer is followed directly by its BatchNorm and nothing else sits between them. The downsampling
-shortcut (SPEC §6, ``downsample=``) is either binary (default, the paper's text: ``down_conv`` is
+shortcut (docs/design.md section 6, ``downsample=``) is either binary (default, the paper's text: ``down_conv`` is
 a 1x1 ``BinaryConv2d`` with the unit's stride) or real (Bi-Real practice: ``down_pool``, a
 stride x stride average pool with ``ceil_mode`` so odd maps give the conv's ceil(H/stride), then
 ``down_conv``, a full-precision 1x1 ``nn.Conv2d`` with stride 1).
@@ -53,7 +53,7 @@ DOWNSAMPLE_KINDS = ("binary", "real")
 
 
 def check_downsample(kind) -> str:
-    """``kind`` if it is a downsampling kind (SPEC §6), else ValueError naming the valid set."""
+    """``kind`` if it is a downsampling kind (docs/design.md section 6), else ValueError naming the valid set."""
     if kind not in DOWNSAMPLE_KINDS:
         raise ValueError(f"unknown downsample {kind!r}; choose one of {', '.join(DOWNSAMPLE_KINDS)}")
     return kind
@@ -73,7 +73,7 @@ class BinaryUnit(nn.Module):
         self.down_pool = self.down_conv = self.down_bn = None
         if residual and (stride != 1 or in_ch != out_ch):
             if downsample == "binary":
-                # SPEC §6: the paper's text makes the downsampling 1x1 convolution binary too.
+                # docs/design.md section 6: the paper's text makes the downsampling 1x1 convolution binary too.
                 self.down_conv = conv(in_ch, out_ch, 1, stride, 0)
             else:
                 if stride != 1:

@@ -92,7 +92,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (CUDA)
     resume: bool = False  # continue from out_dir/checkpoint.pt if it exists
     download: bool = False
-    downsample: str = "binary"  # SPEC §6 shortcut of a unit that changes size or width: binary | real
+    downsample: str = "binary"  # binary | real shortcut of a unit that changes size or width (docs/design.md section 6)
 
     def __post_init__(self) -> None:
         self.milestones = tuple(int(m) for m in self.milestones)
@@ -251,7 +251,7 @@ def evaluate(model, data: Dataset, x: torch.Tensor, y: torch.Tensor) -> tuple[fl
 
 def _setup_backend(device: torch.device) -> None:
     if device.type == "cuda":
-        # Counts are exact in TF32 (0/1 operands, float32 accumulation; SPEC §1).
+        # Counts are exact in TF32 (0/1 operands, float32 accumulation; docs/design.md section 1).
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
@@ -472,7 +472,7 @@ def _parser() -> argparse.ArgumentParser:
                         "CIFAR: with torchvision)")
     p.add_argument("--measure", default="baseline", help="genome: a name (baseline, M1..M10), '0-0-0-0-0-0-1' or '0000001'")
     p.add_argument("--downsample", choices=DOWNSAMPLE_KINDS, default="binary",
-                   help="shortcut of the units that change size or width (SPEC 6): binary (default, the paper's "
+                   help="shortcut of the units that change size or width (docs/design.md section 6): binary (default, the paper's "
                         "text: a binary 1x1 conv) or real (Bi-Real: 2x2 average pool, full-precision 1x1 conv)")
     p.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default: digits for digits, fitness for CIFAR)")
     p.add_argument("--epochs", type=int)

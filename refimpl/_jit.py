@@ -6,11 +6,11 @@
   ``bits.popcount``), and Numba's own stamp kept serving the old machine code after such a
   helper changed (a ``git pull`` that touches only ``_pack.py`` packed with the old code).
 * ``error_model="numpy"``: IEEE semantics (``1/0 = inf``, ``0/0 = nan``), never an exception
-  (SPEC section 2). No ``fastmath``: the golden path keeps NaN and inf honest.
+  (docs/design.md section 2). No ``fastmath``: the golden path keeps NaN and inf honest.
 * SLP vectorizer on, loop vectorizer off (before anything compiles): with Numba's defaults the
   loop vectorizer splits the popcount panel into 128 reduction accumulators that spill, and the
   kernel runs ~50x slower; SLP packs the named scalar accumulators into AVX-512 registers
-  (PERFORMANCE.md). Numba keeps SLP off by default because of a past miscompile (numba#8705):
+  (docs/performance.md). Numba keeps SLP off by default because of a past miscompile (numba#8705):
   every kernel compiled here has a bit-exact test against a naive reference.
 """
 from __future__ import annotations

@@ -495,7 +495,7 @@ def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, firs
     # channels go to a[(r - a_first) * n_out:], so ``a`` is the whole (N*Ho*Wo, O)
     # array (a_first = 0) or a per-thread block of this tile's rows (a_first = first).
     # px[p]: popcount of pixel p's window, taken while gathering it (the padded taps
-    # read the zero border: the in-bounds window sum of SPEC section 1).
+    # read the zero border: the in-bounds window sum of docs/design.md section 1).
     n_taps = taps_off.shape[0]
     steps = n_taps * k_words
     if k_words == 1:

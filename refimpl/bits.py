@@ -1,4 +1,4 @@
-"""Bit conventions, defined once for the whole project (SPEC section 1).
+"""Bit conventions, defined once for the whole project (docs/design.md section 1).
 
 * ``sign(v) = +1 if v >= 0 else -1``: zero maps to +1.
 * A ``+1`` (or ``True``) is the bit 1, a ``-1`` (or ``False``) the bit 0.

@@ -1,6 +1,6 @@
 """The fast count kernel: a register-blocked popcount GEMM with the count identities fused in.
 
-Shape of the computation (what made Numba reach the popcount peak, PERFORMANCE.md):
+Shape of the computation (what made Numba reach the popcount peak, docs/performance.md):
 
 * Outputs are computed in tiles of P pixels x Q output channels, each output a named scalar
   ``uint64`` accumulator (``acc_p_j``). For one channel word ``k`` of one tap, a tile loads Q
@@ -106,7 +106,7 @@ def _nhwc_sources(P: int, Q: int) -> list[str]:
         f"{i1}# channels go to a[(r - a_first) * n_out:], so ``a`` is the whole (N*Ho*Wo, O)",
         f"{i1}# array (a_first = 0) or a per-thread block of this tile's rows (a_first = first).",
         f"{i1}# px[p]: popcount of pixel p's window, taken while gathering it (the padded taps",
-        f"{i1}# read the zero border: the in-bounds window sum of SPEC section 1).",
+        f"{i1}# read the zero border: the in-bounds window sum of docs/design.md section 1).",
         f"{i1}n_taps = taps_off.shape[0]",
         f"{i1}steps = n_taps * k_words",
         # im2col pixel-major, xt[p*steps + t*K + k]: a step's P input words are then not
@@ -405,7 +405,7 @@ class ConvPlan:
 
         ``threads``: the caller's Numba thread count, if it knows it (asking Numba takes a lock).
         ``px`` (``nhwc`` only): a C-contiguous float32 array of N*Ho*Wo values, filled with each
-        output pixel's window popcount (SPEC section 1's px; the padded taps read the buffer's
+        output pixel's window popcount (docs/design.md section 1's px; the padded taps read the buffer's
         zero border), taken while the tiles gather their input.
         """
         from . import _tiles

@@ -58,7 +58,7 @@ def _function(name: str, args: str, table, suffix: str) -> list[str]:
     for op in table:
         expr = _numba_expr(op.formula).replace("F(", f"F_{suffix}(")
         if op.arity == 1 and "x" not in op.formula and not expr.startswith("F_"):
-            # '0' and 'alpha' do not read x; the result still has x's dtype (SPEC: a real zero).
+            # '0' and 'alpha' do not read x; the result still has x's dtype (docs/design.md section 2: a real zero).
             expr = f"F_{suffix}({expr})"
         lines.append(f"    if code == {op.code}:  # {op.name}: {op.formula}")
         lines.append(f"        return {expr}")

@@ -1,4 +1,4 @@
-"""Contingency counts a, b, c, d of binary dense and convolution layers (SPEC section 1).
+"""Contingency counts a, b, c, d of binary dense and convolution layers (docs/design.md section 1).
 
 Only ``a = popcount(x & w)`` needs the popcount GEMM. With ``px = popcount(x)`` and
 ``pw = popcount(w)``, both taken over the same in-bounds elements as ``a``:
@@ -163,7 +163,7 @@ def _weight_window_sums(wtaps, ys, xs, out):
 
 @jit(parallel=True)
 def _in_bounds_sums(xwords, wwords, ys, xs, stride, padding, dilation, parts, px, pw):
-    # px and pw of SPEC section 1 from packed words in one parallel region (the counts API
+    # px and pw of docs/design.md section 1 from packed words in one parallel region (the counts API
     # called four before: their start-ups were a visible share of a 2 ms call), in ``parts``
     # runs of items (images, then filters) that allocate their scratch once: an allocation per
     # filter was most of the filters' cost (512 filters: 35 us).

@@ -33,7 +33,7 @@ batch-1 call does no allocation beyond the outputs it returns. A ``Model`` is th
 safe to run from two threads at once; Numba parallelizes inside each call instead
 (``numba.set_num_threads``).
 
-Semantics are the PyTorch model's in eval mode: SPEC section 1 counts (padded taps count in
+Semantics are the PyTorch model's in eval mode: docs/design.md section 1 counts (padded taps count in
 none of a, b, c, d), the measure as ``refimpl.measure(dtype=float32)`` computes it, BatchNorm as
 torch's CPU kernel computes it (``bnn/export.py`` derives the folding).
 """
@@ -109,7 +109,7 @@ def _tensor(tensors: dict, name: str, shape: tuple, dtype, where: str) -> np.nda
 
 
 DOWNSAMPLE_KINDS = ("binary", "real")
-# The shortcut a file of each downsampling kind must not hold (SPEC section 6).
+# The shortcut a file of each downsampling kind must not hold (docs/design.md section 6).
 _FOREIGN_SHORTCUT = {"binary": "real", "real": "down"}
 
 
@@ -317,7 +317,7 @@ class Model:
         )
         tail = i % WORD_BITS
         if tail and np.any(conv.bits[..., -1] >> np.uint64(tail)):
-            raise ModelFileError(f"{w}: weight bits past channel {i} are set (SPEC section 1: tail bits are zero)")
+            raise ModelFileError(f"{w}: weight bits past channel {i} are set (docs/design.md section 1: tail bits are zero)")
         # popcount of every weight tap, for pw (the weight's window sums).
         conv.taps = _popcounts(conv.bits.reshape(o * kh * kw, -1)).reshape(o, kh, kw)
         return conv

@@ -3,7 +3,7 @@
 For one binary unit the engine has ``a`` from the popcount GEMM and the window sums ``px``,
 ``pw``, ``n`` (``counts.py`` derives them). One pass over ``a`` then computes, per output,
 
-    b = pw - a,  c = px - a,  d = (n - pw) - px + a         (SPEC section 1; exact integers)
+    b = pw - a,  c = px - a,  d = (n - pw) - px + a         (docs/design.md section 1; exact integers)
     m = B3(B1(U1(a), U2(d)), B2(U3(b), U4(c)))              (float32, every op rounded to float32)
     y = fma(m, scale, shift)  [+ residual]                  (folded BatchNorm as torch computes it,
                                                              bnn/export.py, refimpl/_fma.py)
@@ -122,7 +122,7 @@ _MODES = {
 def _counts(suffix: str) -> list[str]:
     # The window sums arrive as float32: px (N, P), pw and npw = n - pw (P, O). Every value and
     # every intermediate below is an integer of magnitude < 2**24, so float32 arithmetic is
-    # exact and gives the same a, b, c, d as the int64 identities (SPEC section 1).
+    # exact and gives the same a, b, c, d as the int64 identities (docs/design.md section 1).
     s = suffix
     return [
         f"A{s} = F(arow{s}[o])",

@@ -1,4 +1,4 @@
-"""``Genome``: seven operator codes ``U1 U2 U3 U4 B1 B2 B3`` (SPEC sections 2, 3 and 8).
+"""``Genome``: seven operator codes ``U1 U2 U3 U4 B1 B2 B3`` (docs/design.md sections 2, 3 and 8).
 
     a' = U1(a)   d' = U2(d)   b' = U3(b)   c' = U4(c)
     y  = B3( B1(a', d'), B2(b', c') )
@@ -15,7 +15,7 @@ from .operators import BINARY, N_BINARY, N_UNARY, UNARY, UNARY_SLOT_INPUTS
 
 SLOT_NAMES = ("U1", "U2", "U3", "U4", "B1", "B2", "B3")
 
-# The paper's Table "Promising Similarity Measures", encoded (SPEC section 4). Binary code 6 is
+# The paper's Table "Promising Similarity Measures", encoded (docs/design.md section 4). Binary code 6 is
 # y/x, so "B3 = y/x" puts B1(a', d') in the denominator. M6's b'*sigmoid(c') is binary code 10,
 # M9's b'/(c'*(a'+d')) is (b'/c') / (a'+d'), i.e. B2 = x/y and B3 = y/x.
 PAPER_MEASURES: dict[str, str] = {

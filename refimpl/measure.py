@@ -1,4 +1,4 @@
-"""Evaluate a genome's measure on counts, in float64 or float32 (SPEC section 2)."""
+"""Evaluate a genome's measure on counts, in float64 or float32 (docs/design.md section 2)."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +13,7 @@ _DTYPES = (np.float64, np.float32)
 
 
 def default_alpha(genome: Genome, channels: int, dtype=np.float64) -> np.ndarray:
-    """Alpha of shape (4, channels) at the SPEC's initial values (0 in slots that ignore it)."""
+    """Alpha of shape (4, channels) at the initial values of docs/design.md section 2 (0 in slots that ignore it)."""
     alpha = np.zeros((4, channels), dtype=dtype)
     for slot, code in enumerate(genome.unary):
         if UNARY[code].uses_alpha:
@@ -47,7 +47,7 @@ def measure(genome, a, b, c, d, alpha=None, dtype=np.float64) -> np.ndarray:
 
     ``a, b, c, d``: counts of one shape ``(N, C, ...)``; ``alpha``: ``(4, C)`` (row i for slot
     U(i+1)) or None for the initial values. IEEE semantics: NaN and inf pass through, nothing
-    raises (SPEC section 2).
+    raises (docs/design.md section 2).
     """
     g = Genome.parse(genome)
     dtype = np.dtype(dtype)

@@ -1,6 +1,6 @@
 """The operator table: the single source of truth for every measure in the project.
 
-Each row's ``formula`` is the SPEC's formula text and, at the same time, a Python expression
+Each row's ``formula`` is the formula text of docs/design.md section 2 and, at the same time, a Python expression
 over ``x`` (and ``y`` for binary operators, ``alpha`` for the learnable ones) using only the
 function names in ``FUNCTIONS``. Both evaluators are derived from it:
 
@@ -23,7 +23,7 @@ FUNCTIONS = ("exp", "log", "sqrt", "sin", "cos", "tan", "atan", "erf", "erfc", "
 class Operator:
     code: int
     name: str  # identifier-safe, used for test ids and registries
-    formula: str  # SPEC text; a Python expression over x[, y][, alpha]
+    formula: str  # docs/design.md section 2's text; a Python expression over x[, y][, alpha]
     arity: int  # 1 or 2
     alpha_init: float | None = None  # initial value of the per-channel alpha, None if unused
 
@@ -81,7 +81,7 @@ BINARY: tuple[Operator, ...] = (
 N_UNARY = len(UNARY)
 N_BINARY = len(BINARY)
 
-# Genome slot layout (SPEC section 2): unary slots feed on these counts, in this order.
+# Genome slot layout (docs/design.md section 2): unary slots feed on these counts, in this order.
 UNARY_SLOT_INPUTS = ("a", "d", "b", "c")
 
 

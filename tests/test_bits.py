@@ -1,4 +1,4 @@
-"""Bit packing (SPEC section 1): round trips across word boundaries, zero tail bits."""
+"""Bit packing (docs/design.md section 1): round trips across word boundaries, zero tail bits."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""SPEC §6 downsampling: ``binary`` (the paper's text) or ``real`` (Bi-Real), through the models,
+"""docs/design.md section 6 downsampling: ``binary`` (the paper's text) or ``real`` (Bi-Real), through the models,
 training, checkpoints, export and the CPU engine.
 
 Oracles: hand-written expected module types and shapes; torch's own functional ops
@@ -232,7 +232,7 @@ def test_engine_matches_torch_with_either_kind_on_odd_maps(kind, measure, tmp_pa
     model = fresh_model("downsampling_net", measure, (1, 14, 14), x[:16], seed=2, downsample=kind)
     expected = torch_logits(model, x.numpy())
     if not np.isfinite(expected).all():
-        # SPEC §6: M5 is inf where a binary 1x1 window has a = 0; the real shortcut avoids it.
+        # docs/design.md section 6: M5 is inf where a binary 1x1 window has a = 0; the real shortcut avoids it.
         assert (kind, measure) == ("binary", "M5")
         return
     path = tmp_path / "m.bnn"

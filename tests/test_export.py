@@ -1,4 +1,4 @@
-"""bnn.export: the .bnn file holds what the engine needs, packed and folded as SPEC and torch say."""
+"""bnn.export: the .bnn file holds what the engine needs, packed and folded as docs/design.md and torch say."""
 import hashlib
 import io
 import json
@@ -53,7 +53,7 @@ def test_weights_are_packed_ohwi_with_bit_one_for_nonnegative(tmp_path):
     model = fresh_model("digits_net", "baseline", (1, 8, 8), x)
     conv = model.body[1].conv
     with torch.no_grad():
-        conv.weight[0, :5, 0, 0] = 0.0  # sign(0) = +1 (SPEC section 1)
+        conv.weight[0, :5, 0, 0] = 0.0  # sign(0) = +1 (docs/design.md section 1)
     path = tmp_path / "m.bnn"
     export_model(model, str(path))
     bits = load_file(str(path))["body.1.conv.bits"]

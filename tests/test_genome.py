@@ -1,4 +1,4 @@
-"""Genome text (SPEC section 3): the accepted forms, canonical printing, and clear errors."""
+"""Genome text (docs/design.md section 3): the accepted forms, canonical printing, and clear errors."""
 from __future__ import annotations
 
 import pytest

@@ -136,7 +136,7 @@ def _export_and_load(model, tmp_path, name="m.bnn"):
     return engine.load(str(path))
 
 
-@pytest.mark.parametrize("downsample,size", [("binary", 32), ("real", 16)])  # SPEC 6: both shortcut kinds
+@pytest.mark.parametrize("downsample,size", [("binary", 32), ("real", 16)])  # both kinds (docs/design.md section 6)
 def test_resnet18_cifar_shape_counts_and_logits_match_torch(downsample, size, tmp_path):
     torch.manual_seed(0)
     # Smooth random images (a blurred noise field), closer to photos than white noise.

@@ -1,4 +1,4 @@
-"""The blocked kernel's inner loop is what PERFORMANCE.md says reaches the popcount peak.
+"""The blocked kernel's inner loop is what docs/performance.md says reaches the popcount peak.
 
 Cached Numba functions cannot be inspected, so each test compiles an uncached copy of the
 kernel with the project's options and reads its assembly.

@@ -8,7 +8,7 @@ from bnn.models import MODELS, BinaryUnit, binary_layers, build_model
 from refimpl.genome import Genome
 
 SHAPES = {"digits_net": (1, 8, 8), "mnist_net": (1, 28, 28)}
-# 3x3 binary convolutions plus binary 1x1 downsampling convolutions (SPEC §6).
+# 3x3 binary convolutions plus binary 1x1 downsampling convolutions (docs/design.md section 6).
 BINARY_LAYER_COUNT = {"resnet18": 16 + 3, "resnet34": 32 + 3, "vgg13": 9, "nin": 7, "digits_net": 3,
                       "mnist_net": 5 + 2}
 

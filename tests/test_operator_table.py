@@ -54,7 +54,7 @@ def test_zero_operator_is_a_real_zero_of_the_input_shape():
     x = torch.ones(2, 3, 4, dtype=torch.float32)
     z = torch_unary(1, x)
     assert z.shape == x.shape and z.dtype == x.dtype and not z.any()
-    # 0/0 downstream is NaN in both paths (SPEC 2).
+    # 0/0 downstream is NaN in both paths (docs/design.md section 2).
     assert torch.isnan(torch_binary(4, z, z)).all()
 
 

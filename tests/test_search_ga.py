@@ -1,4 +1,4 @@
-"""Algorithm 1 (SPEC section 7) through the engine: reference trajectory, optimum, savings."""
+"""Algorithm 1 (docs/design.md section 7) through the engine: reference trajectory, optimum, savings."""
 import bisect
 import json
 

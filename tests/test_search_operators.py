@@ -1,4 +1,4 @@
-"""GA operators follow SPEC section 7: exact where deterministic, chi-square where random.
+"""GA operators follow docs/design.md section 7: exact where deterministic, chi-square where random.
 
 Each statistical test draws a fixed-seed sample and rejects at p < 1e-4: a correct operator
 fails about once in 10,000 seeds (never with the pinned seed), a wrong distribution (off-by-one

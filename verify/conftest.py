@@ -1,4 +1,4 @@
-"""Hypothesis profiles, and the SPEC section 5 report of relaxed elements."""
+"""Hypothesis profiles, and the docs/design.md section 5 report of relaxed elements."""
 from __future__ import annotations
 
 import os
@@ -25,7 +25,7 @@ def pytest_terminal_summary(terminalreporter):
 
     if RELAXED["elements"]:
         terminalreporter.write_line(
-            f"SPEC 5: relaxed {RELAXED['relaxed']} of {RELAXED['elements']} composed-genome elements "
+            f"docs/design.md section 5: relaxed {RELAXED['relaxed']} of {RELAXED['elements']} composed-genome elements "
             "(within rounding of a singularity); largest single-operator deviation "
             f"{RELAXED['max_ulps']:.1f} ulp"
         )

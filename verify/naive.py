@@ -10,7 +10,7 @@ from scipy.special import erf
 
 
 def bits(v) -> np.ndarray:
-    """The SPEC's binarization: +1 (bit 1) where v >= 0, so 0 is a 1 bit."""
+    """The binarization of docs/design.md section 1: +1 (bit 1) where v >= 0, so 0 is a 1 bit."""
     return np.asarray(v) >= 0
 
 
@@ -61,7 +61,7 @@ def counts_conv2d(x, w, stride=1, padding=0, dilation=1):
 
 
 # ----------------------------------------------------------------------------------------------
-# The paper's Table "Promising Similarity Measures" (SPEC section 4), transcribed formula by
+# The paper's Table "Promising Similarity Measures" (docs/design.md section 4), transcribed formula by
 # formula in float64. alpha is M7's learnable d' (its initial value 1.0 unless given).
 # ----------------------------------------------------------------------------------------------
 def _sigmoid(v):

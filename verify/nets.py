@@ -9,7 +9,7 @@ _DOWNSAMPLING_UNITS = ((32, 32, 1), (32, 64, 2), (64, 64, 1), (64, 96, 1), (96, 
 
 
 def downsampling_net(measure="baseline", num_classes=10, input_shape=(1, 8, 8), binary=True, downsample="binary"):
-    """A digits-sized BNN whose units downsample in every way a shortcut can (SPEC §6): 8x8 maps
+    """A digits-sized BNN whose units downsample in every way a shortcut can (docs/design.md section 6): 8x8 maps
     go 8, 4, 2, 1; odd maps (14x14: 14, 7, 4, 2) make the stride-2 shortcuts round up.
     Same signature as ``bnn.models``' builders, so it can stand in the registry in tests."""
     measure = str(Genome.parse(measure))

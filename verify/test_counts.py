@@ -17,7 +17,7 @@ KERNELS = ("simple", "blocked")
 
 
 def _values(rng, shape, zeros=0.1):
-    """Normal values with a fraction set to exactly 0, which must binarize to +1 (SPEC 1)."""
+    """Normal values with a fraction set to exactly 0, which must binarize to +1 (docs/design.md section 1)."""
     v = rng.standard_normal(shape)
     v[rng.random(shape) < zeros] = 0.0
     return v
@@ -170,7 +170,7 @@ def test_zero_binarizes_to_plus_one():
 @given(problem=conv_problems())
 @example(problem=((2, 64, 7, 7), (3, 64, 3, 3), dict(stride=1, padding=1, dilation=1), 0))
 def test_baseline_equals_conv2d_of_signs(problem):
-    # (a + d) - (b + c) is sum(x * w) over real taps: zero padding, exactly (SPEC 1).
+    # (a + d) - (b + c) is sum(x * w) over real taps: zero padding, exactly (docs/design.md section 1).
     x, w, conv = _conv_case(problem)
     for dtype, np_dtype in ((torch.float64, np.float64), (torch.float32, np.float32)):
         xs, ws = (bnn.sign(torch.as_tensor(v, dtype=dtype)) for v in (x, w))
@@ -182,7 +182,7 @@ def test_baseline_equals_conv2d_of_signs(problem):
 
 
 def test_counts_are_float32_under_half_inputs():
-    # SPEC 1: fp16/bf16 outputs would round counts above 2048/256; the count path returns float32.
+    # docs/design.md section 1: fp16/bf16 outputs would round counts above 2048/256; the count path returns float32.
     x = bnn.sign(torch.randn(1, 300, 3, 3)).to(torch.bfloat16)
     w = bnn.sign(torch.randn(2, 300, 3, 3)).to(torch.bfloat16)
     counts = bnn.counts_conv2d(x, w, padding=1)
@@ -195,7 +195,7 @@ def test_counts_are_float32_under_half_inputs():
 @pytest.mark.parametrize("mkldnn", [True, False], ids=["onednn", "onednn-off"])
 def test_counts_stay_exact_whatever_convolution_algorithm_torch_picks(mkldnn):
     # With oneDNN off, torch's CPU conv falls back to NNPACK's Winograd (batch >= 16), whose
-    # raw outputs are not integers; the count path must round them (SPEC 1).
+    # raw outputs are not integers; the count path must round them (docs/design.md section 1).
     gen = torch.Generator().manual_seed(5)
     x = bnn.sign(torch.randn(16, 64, 8, 8, generator=gen))
     w = bnn.sign(torch.randn(32, 64, 3, 3, generator=gen))

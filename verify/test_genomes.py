@@ -1,5 +1,5 @@
-"""Whole genomes: random ones torch vs refimpl (SPEC 5), and the paper's M1..M10 against a
-hand transcription of its table (SPEC 4), in both paths."""
+"""Whole genomes: random ones torch vs refimpl (docs/design.md section 5), and the paper's M1..M10 against a
+hand transcription of its table (docs/design.md section 4), in both paths."""
 from __future__ import annotations
 
 import numpy as np

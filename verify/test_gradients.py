@@ -1,5 +1,5 @@
 """Gradients: one-convolution counts vs the four-convolution oracle, gradcheck of the measure,
-and the layers' straight-through estimators vs hand-written ones (SPEC 6)."""
+and the layers' straight-through estimators vs hand-written ones (docs/design.md section 6)."""
 from __future__ import annotations
 
 import pytest

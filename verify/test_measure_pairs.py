@@ -1,4 +1,4 @@
-"""All 252 operator pairs, float64 and float32: the torch path agrees with refimpl (SPEC 5).
+"""All 252 operator pairs, float64 and float32: the torch path agrees with refimpl (docs/design.md section 5).
 
 For unary U and binary B (iterated from the table, so a new row is covered automatically), the
 genome U-U-U-U-B-B-B is checked node by node with the rule in verify/tolerance.py: the U nodes

@@ -1,7 +1,7 @@
-"""Whole models: the torch network and the exported CPU engine predict the same (SPEC section 5).
+"""Whole models: the torch network and the exported CPU engine predict the same (docs/design.md section 5).
 
 The oracle ladder's last rung. For drawn input batches, a digits_net per measure, and a
-digits-sized net that downsamples (``verify/nets.py``) with each shortcut kind of SPEC §6,
+digits-sized net that downsamples (``verify/nets.py``) with each shortcut kind of docs/design.md section 6,
 binary and real (BatchNorm statistics set from data, random per-channel alphas where the genome
 has them) is run in PyTorch (eval, float32) and through ``bnn.export`` + ``refimpl.engine``:
 predictions must be identical, logits within 1e-4 of each image's largest logit, and for the
@@ -24,7 +24,7 @@ from verify.nets import downsampling_net
 
 MEASURES = ("baseline", "M1", "M7", "M9")
 # (net, downsample kind, measure). M5 and M9 are not finite with binary downsampling here (a
-# 1x1 window has c = 0 somewhere; SPEC §6), so the binary net is checked with finite measures.
+# 1x1 window has c = 0 somewhere; docs/design.md section 6), so the binary net is checked with finite measures.
 CASES = (
     [("digits_net", "binary", name) for name in MEASURES]
     + [("downsampling_net", "binary", name) for name in ("baseline", "M1")]
@@ -71,7 +71,7 @@ def test_engine_predicts_what_torch_predicts(exported, case, data):
     x = _normalized(idx)
     with torch.no_grad():
         expected = model(x).numpy()
-    # A measure may be non-finite on some inputs (SPEC 2); those batches say nothing about
+    # A measure may be non-finite on some inputs (docs/design.md section 2); those batches say nothing about
     # agreement. Hypothesis fails the test if it cannot find enough finite ones.
     assume(np.isfinite(expected).all())
     got = cpu.run(x.numpy().copy())

@@ -1,4 +1,4 @@
-"""SPEC section 5: how a torch result is compared with the refimpl result.
+"""docs/design.md section 5: how a torch result is compared with the refimpl result.
 
 THE RULE (stated once; every torch-vs-refimpl comparison of measure values goes through
 ``check_genome``; the paper-table test compares against a reordered transcription and states

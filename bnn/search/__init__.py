@@ -1,4 +1,4 @@
-"""The paper's genetic-algorithm search over similarity measures (SPEC section 7).
+"""The paper's genetic-algorithm search over similarity measures (docs/design.md section 7).
 
 ``python -m bnn.search --help`` for the command line. The pieces, each usable alone:
 ``operators`` (selection, crossover, mutation on 7-gene arrays with an explicit Generator),

@@ -18,7 +18,7 @@ from .fitness import parse_fitness_spec
 from .ga import Thresholds
 
 # Presets. "digits" (no arguments) is sized to finish in under 10 minutes on 2 CPU cores with
-# the digits network; "paper" is the paper's setting (SPEC section 7).
+# the digits network; "paper" is the paper's setting (docs/design.md section 7).
 PRESETS = {
     "digits": dict(dataset="digits", model="digits_net", epochs=3, population=6,
                    # On digits almost every random measure scores the majority-class rate of the
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="download the data set if it is missing (MNISTs: official files, SHA-256 checked; CIFAR: torchvision)")
     t.add_argument("--model", help="digits_net, mnist_net, resnet18, resnet34, vgg13, nin (default: the data set's)")
     t.add_argument("--downsample", choices=("binary", "real"),
-                   help="shortcut of units that change size or width (SPEC 6): binary (default, the paper's text) "
+                   help="shortcut of units that change size or width (docs/design.md section 6): binary (default, the paper's text) "
                         "or real (Bi-Real: average pool, full-precision 1x1 conv)")
     t.add_argument("--epochs", type=_positive, help="epochs of a full fitness training (paper: 15)")
     t.add_argument("--batch-size", type=_positive, help="batch size (default 128)")

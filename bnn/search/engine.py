@@ -48,7 +48,7 @@ JOURNAL_DEFAULTS = {"downsample": "binary", "train_size": None}
 class SearchConfig:
     dataset: str = "digits"
     model: str = "digits_net"
-    downsample: str = "binary"  # SPEC §6: the shortcut of units that change size or width, binary | real
+    downsample: str = "binary"  # binary | real: shortcut of units that change size or width (docs/design.md section 6)
     epochs: int = 15
     population: int = 30
     seed: int = 0

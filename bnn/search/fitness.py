@@ -31,7 +31,7 @@ from refimpl import Genome
 # Count tuples: every (a, b, c, d) in {0..3}^4 except all-zero (small windows and the degenerate
 # cases a = 0, d = 0 ... where divisions and logs misbehave), plus random splits of the window
 # sizes real layers have (n = C_in * k * k: 9 .. 4608), plus each count alone taking the whole
-# window. Alpha: the SPEC's initial values and two fixed random settings, one per channel column,
+# window. Alpha: the initial values of docs/design.md section 2 and two fixed random settings, one per channel column,
 # so alpha-dependent measures are compared as functions of alpha too.
 _PROBE_SEED = 20220607  # fixed forever: changing it changes every hash in old journals
 _WINDOW_SIZES = (9, 27, 64, 72, 288, 576, 1152, 2304, 4608)
@@ -59,7 +59,7 @@ def _probe_counts() -> tuple[np.ndarray, np.ndarray]:
 # PROBE_COUNTS: (P, 4) columns a, b, c, d. REALISTIC: the random splits of real window sizes,
 # where a layer's counts usually are; "non-finite on most probes" is judged on those alone,
 # since the small and one-count tuples are full of zeros (log 0, 0/0) that real windows rarely
-# have, and would screen measures that train (SPEC 2: M5 is non-finite only at a = 0, d large).
+# have, and would screen measures that train (docs/design.md section 2: M5 is non-finite only at a = 0, d large).
 PROBE_COUNTS, REALISTIC = _probe_counts()
 
 
