@@ -22,19 +22,22 @@ Rows:
 * ``outputs alone``: only the fused kernel's output stage: the identities of a zero ``a`` written
   into the four int64 outputs with the same streaming stores, no popcounts. The API cannot be
   faster than this plus reading its float32 operands once.
-The popcount ceiling is measured by ``bench/popcount_peak.c`` (gcc, AVX-512 vpopcntq, L1
-resident) in the same run. Then the torch count path (bench/bench_counts_torch.py), if present.
+The host line names the kernel path in use (``refimpl/isa.py``; ``REFIMPL_ISA`` forces one), and
+``kernel/peak`` is the kernel against the ceiling of THAT path, measured in the same run by
+``bench/popcount_peak.c`` (built with gcc; its best L1-resident loop for the path). Without gcc,
+or if the build fails, the line says why and no ratio is printed. Then the torch count path
+(bench/bench_counts_torch.py), if present.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numba
@@ -44,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import refimpl  # noqa: E402
-from refimpl import blocked  # noqa: E402
+from refimpl import blocked, info, isa  # noqa: E402
 from refimpl.bits import pack_bits, pack_nchw  # noqa: E402
 from refimpl.counts import _address, _finish_rows, _fresh_outputs, counts_conv2d_packed  # noqa: E402
 
@@ -52,13 +55,48 @@ LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, spatial) of Res
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    return info.cpu_model()
+
+
+def host_line(threads: int) -> str:
+    """CPU, cores, the kernel path in use and how it was chosen, threads."""
+    return f"{cpu_name()}, {os.cpu_count()} cores; {info.path_line()}; {threads} threads"
+
+
+@dataclass
+class Ceiling:
+    """The popcount ceiling of one kernel path: ``tera`` T binary MACs/s, or None with ``note`` saying why."""
+
+    path: str
+    tera: float | None
+    note: str  # the harness's line of every loop's rate, or why nothing was measured
+
+    def line(self) -> str:
+        if self.tera is None:
+            return f"popcount ceiling of the {self.path} path: not measured ({self.note}); no ratio to it"
+        return (f"popcount ceiling of the {self.path} path, measured now: {self.tera:.2f} T binary MACs/s "
+                f"(bench/popcount_peak.c: {self.note})")
+
+
+def popcount_peak(threads: int, path: str | None = None) -> Ceiling:
+    """The ceiling of ``path`` (default: the path the kernels run) on ``threads`` threads, measured now."""
+    path = path or isa.current_path()
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        return Ceiling(path, None, "gcc not found on PATH")
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "peak")
+        build = subprocess.run([gcc, "-O3", "-fopenmp", "-o", exe, str(HERE / "popcount_peak.c")],
+                               capture_output=True, text=True, check=False)
+        if build.returncode != 0:
+            errors = [ln for ln in build.stderr.splitlines() if "error" in ln] or build.stderr.splitlines() or ["?"]
+            return Ceiling(path, None, f"gcc failed: {errors[0].strip()}")
+        run = subprocess.run([exe, path, str(threads)], capture_output=True, text=True, check=False)
+        lines = run.stdout.strip().splitlines()
+        if run.returncode != 0 or len(lines) < 2:
+            why = (run.stderr.strip().splitlines() or [f"exit status {run.returncode}"])[0]
+            return Ceiling(path, None, why)
+        return Ceiling(path, float(lines[-1]), lines[-2])
 
 
 def interleaved_times(variants: dict, rounds: int, repeats: int) -> dict[str, np.ndarray]:
@@ -90,23 +128,6 @@ def _write_outputs_only(stage, positions, n_out, px, pw, n, a, b, c, d, misalign
                      misaligned, True)
 
 
-def popcount_peak(threads: int) -> float | None:
-    """T binary MACs/s of the C ceiling loop, or None without gcc."""
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = os.path.join(tmp, "peak")
-        build = subprocess.run(
-            [gcc, "-O3", "-march=native", "-fopenmp", "-o", exe, str(HERE / "popcount_peak.c")],
-            capture_output=True, text=True,
-        )
-        if build.returncode != 0:
-            return None
-        out = subprocess.run([exe, str(threads)], capture_output=True, text=True, check=True)
-        return float(out.stdout.strip().splitlines()[-1])
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for numba and torch (default: all cores)")
@@ -120,10 +141,11 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
-    print(f"# {cpu_name()}, {os.cpu_count()} cores; {args.threads} threads; batch {args.batch}")
+    print(f"# {host_line(args.threads)}; batch {args.batch}")
     print(f"# numpy {np.__version__}, numba {numba.__version__}, torch {torch.__version__}")
-    peak = popcount_peak(args.threads)
-    print("# popcount ceiling (bench/popcount_peak.c): " + (f"{peak:.2f} T binary MACs/s" if peak else "gcc not available"))
+    ceiling = popcount_peak(args.threads)
+    peak = ceiling.tera
+    print(f"# {ceiling.line()}")
     header = (f"{'layer':>11} | {'torch conv2d':>12} | {'kernel':>16} | {'counts packed':>23} | "
               f"{'counts API':>23} | {'API, out=':>23} | {'outputs alone':>13} | {'kernel/peak':>11}")
     print(header)

@@ -11,10 +11,12 @@ engine, ...) so that load from other processes hits both alike; times are median
 * torch: ``bnn.models.resnet18(binary=False)`` (the same shapes with ``nn.Conv2d``), eval,
   ``torch.inference_mode()``, channels_last.
 
-Then per-layer engine timings, and the binary GEMMs alone against the popcount peak: one binary
-MAC is one bit of ``popcount(x AND w)``, counted nominally (N*Ho*Wo * O * C*KH*KW); the peak is
-``bench/popcount_peak.c`` run here when gcc is available (bench_counts.py does the same), else
-the nominal 1.2 T/s per core of this machine's vpopcntq. "GEMM alone" is the two-pass path's
+Then per-layer engine timings, and the binary GEMMs alone against the popcount ceiling: one
+binary MAC is one bit of ``popcount(x AND w)``, counted nominally (N*Ho*Wo * O * C*KH*KW); the
+ceiling is that of the kernel path in use (``refimpl/isa.py``; ``REFIMPL_ISA`` forces one),
+measured in this run by ``bench/popcount_peak.c`` (bench_counts.py does the same); without gcc,
+or if its build fails, the line says why and no ratio is printed. ``--json`` adds one JSON line
+with the headline numbers and ``isa_path``. "GEMM alone" is the two-pass path's
 GEMM (``_UnitStep.run_gemm``: counts ``a`` written to memory, image group by image group); where
 a layer runs fused (GEMM and epilogue per tile, most layers at batch 64), its own GEMM is inside
 the layer time and not separable, so the layer time minus this column only estimates what the
@@ -23,6 +25,7 @@ rest of the layer costs (the fused GEMM skips writing ``a``, so it is if anythin
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
@@ -38,8 +41,6 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from bench_counts import cpu_name, popcount_peak  # noqa: E402
-
-NOMINAL_PEAK_PER_CORE = 1.2e12  # binary MACs/s, vpopcntq on this machine (PERFORMANCE.md note)
 
 
 def build_models(seed: int = 0):
@@ -103,8 +104,9 @@ def binary_macs(conv, n_img, out_h, out_w) -> int:
     return n_img * out_h * out_w * conv.out_channels * conv.in_channels * kh * kw
 
 
-def gemm_report(model, x, repeats):
-    """Per binary convolution: (name, MACs, seconds of the GEMM alone) at this batch."""
+def gemm_report(model, x, repeats, cpu_seconds: list | None = None):
+    """Per binary convolution: (name, MACs, seconds of the GEMM alone) at this batch; with
+    ``cpu_seconds`` (a list) also each GEMM's median CPU seconds (see ``interleaved``)."""
     model.run(x)
     plan = model._plan(x.shape[0])
     rows = []
@@ -112,7 +114,10 @@ def gemm_report(model, x, repeats):
         if not hasattr(step, "run_gemm"):
             continue
         for which, (conv, out_h, out_w) in enumerate(step.convs()):
-            t = interleaved({"g": lambda step=step, which=which: step.run_gemm(which)}, repeats)["g"]
+            cpu = {}
+            t = interleaved({"g": lambda step=step, which=which: step.run_gemm(which)}, repeats, cpu)["g"]
+            if cpu_seconds is not None:
+                cpu_seconds.append(cpu["g"])
             rows.append((conv.name, binary_macs(conv, x.shape[0], out_h, out_w), t,
                          (x.shape[0], conv.in_channels, out_h, conv.out_channels, conv.kernel[0])))
     return rows
@@ -133,11 +138,12 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--no-layers", action="store_true", help="skip the per-layer and GEMM tables")
+    p.add_argument("--json", action="store_true", help="end with one JSON line of the headline numbers")
     args = p.parse_args(argv)
 
     import torch
 
-    from refimpl import engine
+    from refimpl import engine, info, isa
 
     torch.set_num_threads(args.threads)
     numba.set_num_threads(args.threads)
@@ -173,6 +179,7 @@ def main(argv=None) -> int:
     print(f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs, {platform.python_implementation()} "
           f"{platform.python_version()}, numba {numba.__version__}, torch {torch.__version__}, "
           f"threading layer {numba.threading_layer()}")
+    print(f"{info.path_line()}; paths this CPU can execute: {', '.join(isa.executable_paths())}")
     print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}  (timings are only "
           "comparable on a quiet machine; both sides share whatever load there was)")
     print(f"threads: {args.threads}; binary ResNet-18, CIFAR 32x32, baseline measure; medians\n")
@@ -190,23 +197,36 @@ def main(argv=None) -> int:
     print(f"{'torch float32 channels_last':28s} {c1t:13.3f} ms {cit:18.0f}")
     print(f"{'speed-up':28s} {c1t / c1e:15.1f}x {cie / cit:17.1f}x")
 
+    summary = {"isa_path": isa.current_path(), "cpu": cpu_name(), "threads": args.threads, "batch": args.batch,
+               "engine_ms_batch1": b1e, "torch_ms_batch1": b1t, "engine_images_per_s": ipe,
+               "torch_images_per_s": ipt, "speedup_batch1": b1t / b1e, "speedup_batch": ipe / ipt,
+               "load_average": list(load)}
     if args.no_layers:
+        if args.json:
+            print(json.dumps(summary))
         return 0
-    peak = popcount_peak(args.threads)
-    peak_src = "bench/popcount_peak.c, measured now"
-    if peak is None:
-        peak = NOMINAL_PEAK_PER_CORE * args.threads / 1e12
-        peak_src = "nominal 1.2 T/s per core (no gcc)"
+    ceiling = popcount_peak(args.threads)
+    peak = ceiling.tera
+    print(f"\n{ceiling.line()}")
+    summary["ceiling_tera_macs"] = peak
     for n_img, x in ((1, x1), (args.batch, xb)):
-        rows = gemm_report(eng, x, max(5, args.repeats // 3))
+        cpu_seconds = []
+        rows = gemm_report(eng, x, max(5, args.repeats // 3), cpu_seconds)
         layers = dict(layer_report(eng, x, max(5, args.repeats // 3)))
         total = sum(layers.values())
         gemm_total = sum(r[2] for r in rows)
         macs = sum(r[1] for r in rows)
+        gemm_rate = macs / gemm_total / 1e12
+        # the ceiling is a CPU-time rate (the loop when it has the cores): the GEMMs also by CPU time,
+        # per thread (process time at more threads counts every thread, spinning included)
+        gemm_cpu_rate = macs / (sum(cpu_seconds) / args.threads) / 1e12
+        share = (f"GEMMs at {100 * gemm_rate / peak:.0f}% of the {ceiling.path} ceiling ({peak:.2f} T/s; "
+                 f"{100 * gemm_cpu_rate / peak:.0f}% by CPU time), whole network at "
+                 f"{100 * macs / total / 1e12 / peak:.0f}%") if peak else "no ceiling measured"
         print(f"\nbatch {n_img}: whole network {total * 1e3:.3f} ms (sum of layers), binary GEMMs "
-              f"{gemm_total * 1e3:.3f} ms for {macs / 1e9:.2f} G binary MACs = {macs / gemm_total / 1e12:.2f} T/s; "
-              f"popcount peak {peak:.2f} T/s ({peak_src}): GEMMs at {100 * macs / gemm_total / 1e12 / peak:.0f}% of peak, "
-              f"whole network at {100 * macs / total / 1e12 / peak:.0f}%")
+              f"{gemm_total * 1e3:.3f} ms for {macs / 1e9:.2f} G binary MACs = {gemm_rate:.2f} T/s; {share}")
+        summary[f"gemm_tera_macs_batch{n_img}"] = gemm_rate
+        summary[f"gemm_tera_macs_cpu_time_batch{n_img}"] = gemm_cpu_rate
         print(f"  {'layer':16s} {'ms':>8s} {'GEMM ms':>8s} {'GEMM T/s':>9s}  shape (N, C, HxW out, O, k)")
         by_unit = {}
         for name, m_, t, shape in rows:
@@ -219,6 +239,8 @@ def main(argv=None) -> int:
             shapes = "; ".join(f"{s[0]},{s[1]},{s[2]}x{s[2]},{s[3]},{s[4]}" for *_, s in g)
             rate = f"{gm / gt / 1e12:9.2f}" if gt else f"{'':9s}"
             print(f"  {label:16s} {t * 1e3:8.3f} {gt * 1e3:8.3f} {rate}  {shapes}")
+    if args.json:
+        print(json.dumps(summary))
     return 0
 
 
