@@ -53,8 +53,13 @@ PRESETS = {
     # of the lr settles BatchNorm statistics and the weights' signs (baseline, seed 0: 97.5% test at 30
     # epochs, 96.7% at 40 with the step at 30).
     "digits": dict(epochs=30, batch_size=128, lr=5e-3, milestones=(22,), gamma=0.2),
+    # MNIST and Fashion-MNIST with mnist_net, sized for 10 minutes on 2 CPU cores: 4 epochs at
+    # 5e-3, one at 1e-3, one at 2e-4 (Fashion-MNIST, baseline, seed 0: val 84.1% after epoch 4,
+    # 87.8% after 6, test 87.0%; the two steps are worth 3.7 points).
+    "mnist": dict(epochs=6, batch_size=128, lr=5e-3, milestones=(4, 5), gamma=0.2),
 }
-DEFAULT_PRESET = {"digits": "digits", "cifar10": "fitness", "cifar100": "fitness"}
+DEFAULT_PRESET = {"digits": "digits", "mnist": "mnist", "fashion-mnist": "mnist", "cifar10": "fitness",
+                  "cifar100": "fitness"}
 DEFAULT_MODEL = {"digits": "digits_net", "mnist": "mnist_net", "fashion-mnist": "mnist_net",
                  "cifar10": "resnet18", "cifar100": "resnet18"}
 ADAM_BETAS = (0.9, 0.999)
@@ -474,7 +479,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--downsample", choices=DOWNSAMPLE_KINDS, default="binary",
                    help="shortcut of the units that change size or width (docs/design.md section 6): binary (default, the paper's "
                         "text: a binary 1x1 conv) or real (Bi-Real: 2x2 average pool, full-precision 1x1 conv)")
-    p.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default: digits for digits, fitness for CIFAR)")
+    p.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default: digits for digits, mnist for mnist and "
+                                    "fashion-mnist, fitness for CIFAR)")
     p.add_argument("--epochs", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--lr", type=float)

@@ -238,16 +238,61 @@ class _RayWorkerImpl:
         return os.getpid()
 
 
+# Ray (checked with 2.60) resolves a node address of 127.0.0.1 to the host's public address, and
+# its servers then listen on every interface, unless "Ray clusters" are disabled, as they are by
+# default on Windows and macOS: then the node's address is the loopback and every server (GCS,
+# raylet, workers, the runtime-env agent) binds to it. The switch is read from the environment
+# by each process Ray starts, and into a constant when ray is imported.
+_RAY_CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def _ray_clusters_disabled():
+    try:
+        from ray._private import ray_constants
+    except ImportError:  # another Ray layout: start_local_ray's check still refuses a public node
+        ray_constants = None
+    saved_env = os.environ.get(_RAY_CLUSTERS_ENV)
+    saved_const = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    os.environ[_RAY_CLUSTERS_ENV] = "0"  # inherited by the GCS, the raylet and through it the workers
+    if ray_constants is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False  # read when ray was imported, maybe before this
+    try:
+        yield
+    finally:
+        if ray_constants is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = saved_const
+        if saved_env is None:
+            os.environ.pop(_RAY_CLUSTERS_ENV, None)
+        else:
+            os.environ[_RAY_CLUSTERS_ENV] = saved_env
+
+
+def start_local_ray(num_cpus: int) -> str:
+    """Start a local Ray that listens on the loopback only (no dashboard); returns the node's
+    address. Refuses (shuts it down, raises) if this Ray version put the node elsewhere."""
+    import ray
+
+    with _ray_clusters_disabled():
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    address = ray.nodes()[0]["NodeManagerAddress"]
+    if address not in ("127.0.0.1", "::1", "localhost"):
+        ray.shutdown()
+        raise RuntimeError(f"a local Ray {ray.__version__} started on {address}, not on the loopback, so other "
+                           "hosts could reach it: use --backend local, or start Ray yourself and pass --ray-address")
+    return address
+
+
 class RayEvaluator:
     def __init__(self, fitness_spec: str, train: dict, workers: int | None, address: str | None):
         import ray
 
         self.ray = ray
         if not ray.is_initialized():
-            if address:
+            if address:  # the user's cluster, secured by Ray's own token authentication
                 ray.init(address=address, log_to_driver=False)
             else:
-                ray.init(num_cpus=max(1, workers or 1), include_dashboard=False, log_to_driver=False)
+                start_local_ray(num_cpus=max(1, workers or 1))
         gpus = int(ray.cluster_resources().get("GPU", 0))
         n = workers or gpus or 1
         opts = {"max_restarts": 3, "max_task_retries": 3}
