@@ -39,10 +39,8 @@ torch's CPU kernel computes it (``bnn/export.py`` derives the folding).
 """
 from __future__ import annotations
 
-import json
-import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -50,277 +48,32 @@ from numba import prange
 
 from . import _jit, _tiles, blocked, epilogue
 from ._fma import fma32
-from .bits import WORD_BITS, n_words, sign_word
+from .bits import n_words, sign_word
 from .codegen import STEM_TILE as STEM_SHAPE
-from .counts import _in_bounds_taps, _weight_window_sums, _word_popcounts, conv_output_size
-from .genome import Genome
+from .counts import _in_bounds_taps, _weight_window_sums, conv_output_size
+# The file format's names, re-exported: engine.load raises engine.ModelFileError.
+from .model_file import FORMAT, SUPPORTED_VERSIONS, Conv, ModelFileError, describe, read  # noqa: F401
 
 STEM_PIXELS, STEM_CHANNELS = STEM_SHAPE
 STEM_TILE = getattr(_tiles, f"stem_tile_{STEM_PIXELS}x{STEM_CHANNELS}")
 
-FORMAT = "bnn-measure"
-SUPPORTED_VERSIONS = (1,)
-
 
 # ----------------------------------------------------------------------------------------------
-# Loading and validation
+# The model (the file is read and checked by refimpl/model_file.py)
 # ----------------------------------------------------------------------------------------------
-class ModelFileError(ValueError):
-    """A .bnn file that cannot be run; the message names the file and the problem."""
-
-
-@dataclass
-class Conv:
-    """One binary convolution with its folded BatchNorm."""
-
-    name: str
-    in_channels: int
-    out_channels: int
-    kernel: tuple[int, int]
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    dilation: tuple[int, int]
-    bits: np.ndarray  # (O, KH, KW, K) uint64
-    alpha: np.ndarray  # (4, O) float32
-    scale: np.ndarray  # (O,) float32
-    shift: np.ndarray  # (O,) float32
-    taps: np.ndarray = field(default=None, repr=False)  # popcount of each (O, KH, KW) weight tap
-
-
-def _pairs(entry: dict, where: str, keys) -> dict:
-    out = {}
-    for key in keys:
-        v = entry.get(key)
-        if not (isinstance(v, list) and len(v) == 2 and all(isinstance(u, int) for u in v)):
-            raise ModelFileError(f"{where}: '{key}' must be a pair of integers, got {v!r}")
-        out[key] = tuple(v)
-    return out
-
-
-def _tensor(tensors: dict, name: str, shape: tuple, dtype, where: str) -> np.ndarray:
-    if name not in tensors:
-        raise ModelFileError(f"{where}: tensor '{name}' is missing")
-    t = tensors[name]
-    if t.dtype != np.dtype(dtype) or tuple(t.shape) != tuple(shape):
-        raise ModelFileError(
-            f"{where}: tensor '{name}' is {t.dtype} {tuple(t.shape)}, metadata implies {np.dtype(dtype)} {tuple(shape)}"
-        )
-    return np.ascontiguousarray(t)
-
-
-DOWNSAMPLE_KINDS = ("binary", "real")
-# The shortcut a file of each downsampling kind must not hold (docs/design.md section 6).
-_FOREIGN_SHORTCUT = {"binary": "real", "real": "down"}
-
-
-def _downsample_kind(meta: dict, where: str) -> str:
-    kind = meta.get("downsample", "binary")  # files written before the option are binary
-    if kind not in DOWNSAMPLE_KINDS:
-        raise ModelFileError(f"{where}: downsample must be binary or real, got {kind!r}")
-    return kind
-
-
-def _real_shortcut_entry(entry, channels: int, out_channels: int, take, w: str) -> dict:
-    """A ``real`` shortcut's description and tensors (bnn/export.py): avg-pool, 1x1 conv, BN."""
-    if not isinstance(entry, dict):
-        raise ModelFileError(f"{w}: missing description")
-    i, o = entry.get("in_channels"), entry.get("out_channels")
-    if i != channels:
-        raise ModelFileError(f"{w}: takes {i} channels, the previous layer gives {channels}")
-    if o != out_channels:
-        raise ModelFileError(f"{w}: gives {o} channels, the unit's conv gives {out_channels}")
-    pool = _pairs(entry, w, ("pool",))["pool"]
-    if min(pool) < 1:
-        raise ModelFileError(f"{w}: 'pool' must be positive, got {list(pool)}")
-    p = entry.get("tensors")
-    weight = take(f"{p}.weight", (o, i, 1, 1), np.float32, w)
-    return {"name": p, "pool": pool,
-            "wt": np.ascontiguousarray(weight.reshape(o, i).T),  # (I, O): one input channel's row per fma step
-            "scale": take(f"{p}.scale", (o,), np.float32, w),
-            "shift": take(f"{p}.shift", (o,), np.float32, w)}
-
-
-def _read(path: str) -> tuple[dict, dict]:
-    if not os.path.exists(path):
-        raise ModelFileError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise ModelFileError(f"{path}: is a directory, not a .bnn file")
-    from safetensors import SafetensorError
-    from safetensors.numpy import load
-
-    with open(path, "rb") as f:
-        raw = f.read()
-    # The safetensors header: 8-byte little-endian length, then JSON with "__metadata__".
-    if len(raw) < 8:
-        raise ModelFileError(f"{path}: truncated or not a safetensors file ({len(raw)} bytes)")
-    header_len = int.from_bytes(raw[:8], "little")
-    if header_len > len(raw) - 8:
-        raise ModelFileError(f"{path}: truncated or not a safetensors file (header of {header_len} bytes, file has {len(raw)})")
-    try:
-        header = json.loads(raw[8:8 + header_len])
-    except (ValueError, UnicodeDecodeError):
-        raise ModelFileError(f"{path}: not a safetensors file (unreadable header)") from None
-    if not isinstance(header, dict):
-        raise ModelFileError(f"{path}: not a safetensors file (header is not a JSON object)")
-    ends = [v.get("data_offsets", [0, 0])[1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
-    have = len(raw) - 8 - header_len
-    if ends and max(ends) > have:
-        raise ModelFileError(f"{path}: truncated (tensor data needs {max(ends)} bytes after the header, file has {have})")
-    meta_raw = (header.get("__metadata__") or {}).get(FORMAT)
-    if meta_raw is None:
-        raise ModelFileError(f"{path}: not a {FORMAT} model (no '{FORMAT}' metadata; export it with python -m bnn.export)")
-    try:
-        meta = json.loads(meta_raw)
-    except ValueError:
-        raise ModelFileError(f"{path}: the '{FORMAT}' metadata is not valid JSON") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        got = meta.get("format") if isinstance(meta, dict) else None
-        raise ModelFileError(f"{path}: format is {got!r}, expected {FORMAT!r}")
-    if meta.get("version") not in SUPPORTED_VERSIONS:
-        raise ModelFileError(
-            f"{path}: format version {meta.get('version')!r} is not supported (this engine reads {', '.join(map(str, SUPPORTED_VERSIONS))})"
-        )
-    try:
-        tensors = load(raw)
-    except (SafetensorError, ValueError, OSError) as exc:
-        raise ModelFileError(f"{path}: tensors are unreadable ({' '.join(str(exc).split())})") from None
-    return meta, tensors
-
-
 class Model:
     """A loaded ``.bnn`` model. ``run`` takes normalized NCHW float32; ``predict`` raw images."""
 
     def __init__(self, meta: dict, tensors: dict, path: str = "<memory>"):
         self.path = path
         self.meta = meta
-        where = path
-        try:
-            self.genome = Genome.parse(meta.get("genome"))
-        except ValueError as exc:
-            raise ModelFileError(f"{where}: genome: {exc}") from None
-        shape = meta.get("input_shape")
-        if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(v, int) and v > 0 for v in shape)):
-            raise ModelFileError(f"{where}: input_shape must be 3 positive integers (C, H, W), got {shape!r}")
-        self.input_shape = tuple(shape)
-        self.num_classes = meta.get("num_classes")
-        self.class_names = list(meta.get("class_names") or [])
-        if not isinstance(self.num_classes, int) or len(self.class_names) != self.num_classes:
-            raise ModelFileError(f"{where}: {len(self.class_names)} class names for num_classes={self.num_classes!r}")
-        inp = meta.get("input") or {}
-        c = self.input_shape[0]
-        try:
-            self.mean = np.asarray(inp.get("mean"), dtype=np.float32).reshape(c)
-            self.std = np.asarray(inp.get("std"), dtype=np.float32).reshape(c)
-        except (TypeError, ValueError):
-            raise ModelFileError(f"{where}: input mean/std must have {c} values (input channels)") from None
-        if not np.all(self.std > 0):
-            raise ModelFileError(f"{where}: input std must be positive")
-        self.pixel_max = inp.get("pixel_max")
-        self.downsample = _downsample_kind(meta, where)
-        self.layers = self._parse_layers(meta.get("layers"), tensors, where)
-        unused = set(tensors) - self._used
-        if unused:
-            raise ModelFileError(f"{where}: tensors not described by the metadata: {', '.join(sorted(unused))}")
+        d = describe(meta, tensors, path)
+        self.genome, self.input_shape, self.downsample, self.layers = d.genome, d.input_shape, d.downsample, d.layers
+        self.num_classes, self.class_names = d.num_classes, d.class_names
+        self.mean, self.std, self.pixel_max = d.mean, d.std, d.pixel_max
         self._epilogue = epilogue.load(self.genome)
         self._plans: dict = {}
         self.last_timings: list[tuple[str, float]] = []
-
-    # -- structure ---------------------------------------------------------------------------
-    def _parse_layers(self, layers, tensors, where) -> list[dict]:
-        if not isinstance(layers, list) or not layers:
-            raise ModelFileError(f"{where}: 'layers' must be a non-empty list")
-        self._used = set()
-        out = []
-        channels = self.input_shape[0]
-
-        def take(name, shape, dtype, w):
-            self._used.add(name)
-            return _tensor(tensors, name, shape, dtype, w)
-
-        for idx, entry in enumerate(layers):
-            w = f"{where}: layer {idx}"
-            if not isinstance(entry, dict):
-                raise ModelFileError(f"{w} is not an object")
-            op = entry.get("op")
-            if op == "stem":
-                if idx != 0:
-                    raise ModelFileError(f"{w}: the stem must be the first layer")
-                geo = _pairs(entry, w, ("kernel", "stride", "padding", "dilation"))
-                i, o = entry.get("in_channels"), entry.get("out_channels")
-                if i != channels:
-                    raise ModelFileError(f"{w}: stem takes {i} channels, the input has {channels}")
-                p = entry.get("tensors", "stem")
-                out.append({"op": op, **geo, "in": i, "out": o,
-                            "weight": take(f"{p}.weight", (o, i, *geo["kernel"]), np.float32, w),
-                            "scale": take(f"{p}.scale", (o,), np.float32, w),
-                            "shift": take(f"{p}.shift", (o,), np.float32, w)})
-                channels = o
-            elif op == "binary_unit":
-                name = entry.get("name", f"layer{idx}")
-                conv = self._conv(entry.get("conv"), channels, take, f"{w} ({name}) conv")
-                residual = entry.get("residual")
-                if residual not in ("none", "identity", "down", "real"):
-                    raise ModelFileError(f"{w}: residual must be none, identity, down or real, got {residual!r}")
-                if residual == _FOREIGN_SHORTCUT[self.downsample]:
-                    raise ModelFileError(f"{w}: a {residual!r} shortcut in a file whose downsample is {self.downsample!r}")
-                down = shortcut = None
-                if residual == "identity" and (conv.out_channels != channels or conv.stride != (1, 1)):
-                    raise ModelFileError(f"{w}: an identity shortcut needs stride 1 and equal channels")
-                if residual == "down":
-                    down = self._conv(entry.get("down"), channels, take, f"{w} ({name}) down")
-                    if down.out_channels != conv.out_channels:
-                        raise ModelFileError(f"{w}: down and conv have different output channels")
-                if residual == "real":
-                    shortcut = _real_shortcut_entry(entry.get("shortcut"), channels, conv.out_channels, take,
-                                                    f"{w} ({name}) shortcut")
-                out.append({"op": op, "name": name, "conv": conv, "down": down, "shortcut": shortcut,
-                            "residual": residual})
-                channels = conv.out_channels
-            elif op in ("maxpool2d", "avgpool2d"):
-                geo = _pairs(entry, w, ("kernel", "stride", "padding"))
-                out.append({"op": op, **geo, "count_include_pad": bool(entry.get("count_include_pad", True))})
-            elif op == "global_avgpool":
-                out.append({"op": op})
-            elif op == "linear":
-                p = entry.get("tensors", "classifier")
-                fi, fo = entry.get("in_features"), entry.get("out_features")
-                if fi != channels:
-                    raise ModelFileError(f"{w}: linear takes {fi} features, the previous layer gives {channels}")
-                if fo != self.num_classes:
-                    raise ModelFileError(f"{w}: linear gives {fo} outputs, num_classes is {self.num_classes}")
-                out.append({"op": op, "weight": take(f"{p}.weight", (fo, fi), np.float32, w),
-                            "bias": take(f"{p}.bias", (fo,), np.float32, w)})
-                channels = fo
-            else:
-                raise ModelFileError(f"{w}: unknown op {op!r}")
-        if out[0]["op"] != "stem" or out[-1]["op"] != "linear" or out[-2]["op"] != "global_avgpool":
-            raise ModelFileError(f"{where}: layers must run stem ... global_avgpool, linear")
-        return out
-
-    def _conv(self, entry, channels, take, w) -> Conv:
-        if not isinstance(entry, dict):
-            raise ModelFileError(f"{w}: missing description")
-        geo = _pairs(entry, w, ("kernel", "stride", "padding", "dilation"))
-        i, o = entry.get("in_channels"), entry.get("out_channels")
-        if i != channels:
-            raise ModelFileError(f"{w}: takes {i} channels, the previous layer gives {channels}")
-        if not isinstance(o, int) or o < 1:
-            raise ModelFileError(f"{w}: out_channels must be a positive integer, got {o!r}")
-        p = entry.get("tensors")
-        kh, kw = geo["kernel"]
-        conv = Conv(
-            name=p, in_channels=i, out_channels=o, **geo,
-            bits=take(f"{p}.bits", (o, kh, kw, n_words(i)), np.uint64, w),
-            alpha=take(f"{p}.alpha", (4, o), np.float32, w),
-            scale=take(f"{p}.scale", (o,), np.float32, w),
-            shift=take(f"{p}.shift", (o,), np.float32, w),
-        )
-        tail = i % WORD_BITS
-        if tail and np.any(conv.bits[..., -1] >> np.uint64(tail)):
-            raise ModelFileError(f"{w}: weight bits past channel {i} are set (docs/design.md section 1: tail bits are zero)")
-        # popcount of every weight tap, for pw (the weight's window sums).
-        conv.taps = _popcounts(conv.bits.reshape(o * kh * kw, -1)).reshape(o, kh, kw)
-        return conv
 
     # -- plans ---------------------------------------------------------------------------------
     def _plan(self, n_img: int):
@@ -341,7 +94,9 @@ class Model:
             raise ValueError(f"input has shape {x.shape}; this model takes (N, {', '.join(map(str, self.input_shape))})")
         if x.shape[0] == 0:
             raise ValueError("input has no images")
-        return np.ascontiguousarray(x)
+        # A read-only array (np.load with mmap, a frombuffer view) is copied: the kernels'
+        # signatures take writable arrays, and Numba refuses a read-only one with a traceback.
+        return np.require(x, requirements=("C", "A", "W"))
 
     def preprocess(self, images, layout: str | None = None) -> np.ndarray:
         """Raw images -> normalized float32 NCHW.
@@ -397,19 +152,13 @@ _NO_BITS = np.zeros((1, 1, 1, 1), dtype=np.uint64)
 
 def load(path: str) -> Model:
     """Load and validate a ``.bnn`` file; ``ModelFileError`` (a ValueError) names any problem."""
-    meta, tensors = _read(path)
+    meta, tensors = read(path)
     return Model(meta, tensors, path)
 
 
 # ----------------------------------------------------------------------------------------------
 # Kernels (small, generic; the measure-specific epilogue is generated in refimpl/epilogue.py)
 # ----------------------------------------------------------------------------------------------
-def _popcounts(words: np.ndarray) -> np.ndarray:
-    out = np.empty(words.shape[0], dtype=np.int64)
-    _word_popcounts(np.ascontiguousarray(words), out)
-    return out
-
-
 def _affine_sign_word(row, scale, shift, c0, c1):
     # Channels c0..c1 (at most 64) of one pixel, in place: fma(row[c], scale[c], shift[c]),
     # the folded BatchNorm as torch computes it (refimpl/_fma.py); returns their sign word

@@ -35,8 +35,12 @@ def _conv_tensors(rng, prefix, i, o, k):
     }
 
 
-def tiny_model(seed=0, channels=1, side=8, classes=3) -> tuple[dict, dict]:
-    """(metadata, tensors) of the model drawn above, for (channels, side, side) inputs."""
+def tiny_model(seed=0, channels=1, side=8, classes=3, real=False) -> tuple[dict, dict]:
+    """(metadata, tensors) of the model drawn above, for (channels, side, side) inputs.
+
+    ``real``: the file of a ``downsample="real"`` model, whose layer 3 has Bi-Real's shortcut
+    (2x2 average pool, full-precision 1x1 convolution) instead of the binary 1x1 one.
+    """
     rng = np.random.default_rng(seed)
     layers = [
         {"op": "stem", "tensors": "stem", "in_channels": channels, "out_channels": 8, "kernel": [3, 3],
@@ -68,6 +72,17 @@ def tiny_model(seed=0, channels=1, side=8, classes=3) -> tuple[dict, dict]:
         "classifier.weight": rng.normal(0.0, 1.0, (classes, 16)).astype(np.float32),
         "classifier.bias": rng.normal(0.0, 1.0, classes).astype(np.float32),
     }
+    if real:
+        meta["downsample"] = "real"
+        unit = meta["layers"][3]
+        del unit["down"]
+        unit["residual"] = "real"
+        unit["shortcut"] = {"tensors": "u2.short", "in_channels": 8, "out_channels": 16, "pool": [2, 2]}
+        for name in ("bits", "alpha", "scale", "shift"):
+            del tensors[f"u2.down.{name}"]
+        tensors["u2.short.weight"] = rng.normal(0.0, 1.0, (16, 8, 1, 1)).astype(np.float32)
+        tensors["u2.short.scale"] = rng.uniform(0.5, 2.0, 16).astype(np.float32)
+        tensors["u2.short.shift"] = rng.normal(0.0, 1.0, 16).astype(np.float32)
     return meta, tensors
 
 
