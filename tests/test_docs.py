@@ -30,14 +30,14 @@ def _numbers(text: str) -> list[int]:
 
 def _headings(path: Path) -> dict[int, str]:
     """``{N: title}`` of the ``## N. Title`` headings of a page."""
-    return {int(m[1]): m[2] for m in re.finditer(r"^## (\d+)\. (.+)$", path.read_text(), re.M)}
+    return {int(m[1]): m[2] for m in re.finditer(r"^## (\d+)\. (.+)$", path.read_text(), re.MULTILINE)}
 
 
 def _section(number: int) -> str:
     """The text of design.md section ``number``, up to the next ``## `` heading."""
     text = DESIGN.read_text()
-    start = re.search(rf"^## {number}\. .*$", text, re.M).end()
-    end = re.search(r"^## ", text[start:], re.M)
+    start = re.search(rf"^## {number}\. .*$", text, re.MULTILINE).end()
+    end = re.search(r"^## ", text[start:], re.MULTILINE)
     return text[start:start + end.start()] if end else text[start:]
 
 
@@ -60,7 +60,7 @@ def _code(cell: str) -> str:
 
 def test_design_sections_are_numbered_one_to_eleven_in_order():
     text = DESIGN.read_text()
-    numbers = [int(n) for n in re.findall(r"^## (\d+)\. ", text, re.M)]
+    numbers = [int(n) for n in re.findall(r"^## (\d+)\. ", text, re.MULTILINE)]
     assert numbers == list(range(1, 12))
     titles = _headings(DESIGN)
     assert titles[1] == "Bits and counts" and titles[2] == "The measure graph" and titles[10] == "The .bnn file format"
