@@ -62,7 +62,7 @@ class RunLock:
     def held(self) -> bool:
         return self._fh is not None
 
-    def __enter__(self) -> RunLock:
+    def __enter__(self) -> RunLock:  # noqa: PYI034 - typing.Self needs Python 3.11
         return self
 
     def __exit__(self, *exc) -> None:
@@ -103,7 +103,7 @@ def hold_run_dir(run_dir, create: bool = True) -> RunLock:
     elif not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such folder")
     path = run_dir / LOCK
-    fh = open(path, "a+b")  # never truncate before holding the lock: the holder's pid is in there
+    fh = open(path, "a+b")  # noqa: SIM115 - held open for the run. Never truncated before the lock: the holder's pid is in there
     try:
         if not _try_lock(fh):
             raise RunDirInUse(run_dir, _read_pid(path))

@@ -4,6 +4,7 @@ own server) is on 127.0.0.1 or ::1."""
 import ipaddress
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ def _descendants(root: int) -> set[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                text = open(f"/proc/{entry}/stat").read()
+                text = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
             parent[int(entry)] = int(text[text.rindex(")") + 2:].split()[1])
@@ -58,7 +59,7 @@ def _listening(owners: dict[int, int]) -> list[tuple[int, ipaddress._BaseAddress
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         if not os.path.exists(table):
             continue
-        for line in open(table).read().splitlines()[1:]:
+        for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
             local, state, inode = fields[1], fields[3], int(fields[9])
             if state == "0A" and inode in owners:  # 0A: TCP_LISTEN
@@ -74,7 +75,7 @@ def _loopback(ip) -> bool:
 
 def _name(pid: int) -> str:
     try:
-        return open(f"/proc/{pid}/comm").read().strip()
+        return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return "?"
 
