@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from refimpl.counts import window_output_size
+
 # ----------------------------------------------------------------------------------------------
 # The algebra, for one output position of a convolution (a dense layer is the 1x1 case).
 #
@@ -282,7 +284,12 @@ def counts_conv2d(x: torch.Tensor, w: torch.Tensor, stride=1, padding=0, dilatio
         raise ValueError(f"stride and dilation must be >= 1, got stride={stride}, dilation={dilation}")
     if min(padding) < 0:
         raise ValueError(f"padding must be >= 0, got {padding}")
+    # The golden path's rule and words for shapes without a result (a kernel under 1x1, an
+    # empty output map); torch would raise its own RuntimeErrors for some, accept others.
+    out_h, out_w = window_output_size(x.shape[2], x.shape[3], tuple(w.shape[2:]), stride, padding, dilation)
     _compute_dtype(x)
+    if 0 in x.shape or 0 in w.shape:
+        return _zero_counts(x, w, (x.shape[0], w.shape[0], out_h, out_w))
     return _CountsConv2d.apply(x, w, stride, padding, dilation)
 
 
@@ -293,4 +300,17 @@ def counts_dense(x: torch.Tensor, w: torch.Tensor):
     if x.shape[1] != w.shape[1]:
         raise ValueError(f"x rows have {x.shape[1]} elements but w rows have {w.shape[1]}")
     _compute_dtype(x)
+    if 0 in x.shape or 0 in w.shape:
+        return _zero_counts(x, w, (x.shape[0], w.shape[0]))
     return _CountsDense.apply(x, w)
+
+
+def _zero_counts(x: torch.Tensor, w: torch.Tensor, shape) -> tuple:
+    """The counts when a dimension is empty: no images or filters (an empty result), or no
+    channels or input pixels (every window without taps: n = 0, all four counts 0), as refimpl.
+
+    Still functions of x and w, through empty slices: their gradients are zeros of their shapes
+    rather than None, as for any other input."""
+    tie = x.reshape(-1)[:0].sum() + w.reshape(-1)[:0].sum()  # exactly 0, whatever x and w hold
+    zeros = torch.zeros(shape, dtype=_compute_dtype(x), device=x.device)
+    return tuple(zeros + tie.to(zeros.dtype) for _ in range(4))

@@ -558,27 +558,58 @@ def _outputs(out, shape):
     return tuple(out)
 
 
+def window_output_size(h: int, w: int, kernel, stride, padding, dilation) -> tuple[int, int]:
+    """(Ho, Wo) of a counts convolution over an h x w input, or the ValueError for a geometry
+    without a result: a kernel under 1x1, or an empty output map. ``bnn/counts.py`` calls this
+    too, so the two paths refuse the same shapes in the same words."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    if min(sh, sw, dh, dw) < 1 or min(ph, pw) < 0:
+        raise ValueError(f"stride and dilation must be >= 1 and padding >= 0, got stride={tuple(stride)}, "
+                         f"padding={tuple(padding)}, dilation={tuple(dilation)}")
+    if kh < 1 or kw < 1:
+        raise ValueError(f"the kernel is {kh}x{kw}; it must be at least 1x1")
+    out_h = conv_output_size(h, kh, sh, ph, dh)
+    out_w = conv_output_size(w, kw, sw, pw, dw)
+    if out_h <= 0 or out_w <= 0:
+        raise ValueError(
+            f"output would be {out_h}x{out_w}: a {kh}x{kw} kernel (dilation {tuple(dilation)}) does not fit "
+            f"a {h}x{w} input with padding {tuple(padding)}"
+        )
+    return out_h, out_w
+
+
+def _kernel_name(kernel) -> str:
+    kernel = kernel or "blocked"
+    if kernel not in ("blocked", "simple"):
+        raise ValueError(f"unknown kernel {kernel!r}; valid kernels are 'blocked' and 'simple'")
+    return kernel
+
+
+def _zero_counts(out, shape):
+    # An empty dimension: no images or filters (an empty result), or no channels or no input
+    # pixels (every window is without taps: n = 0, so every count is 0). Kernels never see it.
+    if out is None:
+        return tuple(np.zeros(shape, np.int64) for _ in range(4))
+    for t in _outputs(out, shape):
+        t.fill(0)
+    return tuple(out)
+
+
 def counts_conv2d_packed(xp, wp, in_channels: int, stride=1, padding=0, dilation=1, kernel=None, out=None):
     """Counts from packed operands: ``xp`` (N, H, W, K) words, ``wp`` (O, KH, KW, K) words.
 
     ``kernel``: ``"blocked"`` (default, the fast GEMM) or ``"simple"`` (one popcount per word
     pair, the readable reference). Returns int64 a, b, c, d of shape (N, O, Ho, Wo).
     """
-    kernel = kernel or "blocked"
-    if kernel not in ("blocked", "simple"):
-        raise ValueError(f"unknown kernel {kernel!r}; valid kernels are 'blocked' and 'simple'")
+    kernel = _kernel_name(kernel)
     stride, padding, dilation = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
     n_img, h, w, k_words = xp.shape
     n_out, kh, kw, k_words_w = wp.shape
     if k_words != k_words_w:
         raise ValueError(f"input has {k_words} channel words, weights {k_words_w}")
-    out_h = conv_output_size(h, kh, stride[0], padding[0], dilation[0])
-    out_w = conv_output_size(w, kw, stride[1], padding[1], dilation[1])
-    if out_h <= 0 or out_w <= 0:
-        raise ValueError(
-            f"output would be {out_h}x{out_w}: a {kh}x{kw} kernel (dilation {dilation}) does not fit "
-            f"a {h}x{w} input with padding {padding}"
-        )
+    out_h, out_w = window_output_size(h, w, (kh, kw), stride, padding, dilation)
+    if 0 in (n_img, n_out, h, w, in_channels):
+        return _zero_counts(out, (n_img, n_out, out_h, out_w))
     xp = np.ascontiguousarray(xp, dtype=np.uint64)
     wp = np.ascontiguousarray(wp, dtype=np.uint64)
 
@@ -626,6 +657,11 @@ def counts_conv2d(x, w, stride=1, padding=0, dilation=1, *, kernel=None, out=Non
             raise ValueError(f"{name} must be >= 1, got {v!r}")
     if min(_pair(padding, "padding")) < 0:
         raise ValueError(f"padding must be >= 0, got {padding!r}")
+    if 0 in x.shape or 0 in w.shape:  # nothing to pack: the packed path's empty case
+        _kernel_name(kernel)
+        out_h, out_w = window_output_size(x.shape[2], x.shape[3], w.shape[2:], _pair(stride, "stride"),
+                                          _pair(padding, "padding"), _pair(dilation, "dilation"))
+        return _zero_counts(out, (x.shape[0], w.shape[0], out_h, out_w))
     xp = pack_nchw(x)
     wp = pack_nchw(w)  # OIHW packs like NCHW: (O, KH, KW, K) words along input channels
     return counts_conv2d_packed(xp, wp, x.shape[1], stride, padding, dilation, kernel, out)
@@ -638,6 +674,9 @@ def counts_dense(x, w, *, kernel=None):
         raise ValueError(f"x must be (N, K) and w (M, K); got shapes {x.shape} and {w.shape}")
     if x.shape[1] != w.shape[1]:
         raise ValueError(f"x rows have {x.shape[1]} elements but w rows have {w.shape[1]}")
+    if 0 in x.shape or 0 in w.shape:
+        _kernel_name(kernel)
+        return _zero_counts(None, (x.shape[0], w.shape[0]))
     # A dense layer is a 1x1 convolution over a 1x1 image.
     xp = pack_nchw(x[:, :, None, None])
     wp = pack_nchw(w[:, :, None, None])
