@@ -32,9 +32,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import _tiles, blocked, gemm
-from .blocked import TILE_CHANNELS, TILE_PIXELS, conv_output_size
 from ._jit import jit
 from .bits import pack_nchw, popcount
+from .blocked import TILE_CHANNELS, TILE_PIXELS, conv_output_size
 
 # Outputs of at least this many bytes per array are written with non-temporal (streaming)
 # stores: they bypass the caches, so writing them costs no read of each line first, and

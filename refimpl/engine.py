@@ -51,6 +51,7 @@ from ._fma import fma32
 from .bits import n_words, sign_word
 from .codegen import STEM_TILE as STEM_SHAPE
 from .counts import _in_bounds_taps, _weight_window_sums, conv_output_size
+
 # The file format's names, re-exported: engine.load raises engine.ModelFileError.
 from .model_file import FORMAT, SUPPORTED_VERSIONS, Conv, ModelFileError, describe, read  # noqa: F401
 

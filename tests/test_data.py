@@ -5,8 +5,8 @@ import pickle
 import numpy as np
 import pytest
 import torch
-
 from _tiny_cifar import ARCHIVE, FOLDER, make_cifar
+
 from bnn.data import CIFAR_URL, DIGITS_TEST_SIZE, load_dataset, read_cifar
 
 

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+from _engine_models import fresh_model
 from safetensors.numpy import load_file
 
-from _engine_models import fresh_model
 from bnn.export import FORMAT, VERSION, export_model, fold_batchnorm
 from bnn.layers import BinaryConv2d
 from bnn.train import TrainConfig, train_model

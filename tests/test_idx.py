@@ -16,8 +16,8 @@ import threading
 
 import numpy as np
 import pytest
-
 from _tiny_idx import NAMES, idx_bytes, make_idx, write
+
 from refimpl import datasets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

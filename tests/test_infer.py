@@ -12,10 +12,10 @@ import sys
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import load_file, save_file
-
 from _engine_models import assert_logits_close, digits_images, fresh_model, torch_logits
 from _tiny_cifar import make_cifar
+from safetensors.numpy import load_file, save_file
+
 from bnn.counts import counts_conv2d as torch_counts
 from bnn.data import DIGITS_TEST_SIZE, load_dataset, read_cifar
 from bnn.export import FORMAT, export_checkpoint, export_model

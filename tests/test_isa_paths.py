@@ -11,9 +11,9 @@ import os
 import subprocess
 import sys
 
+import _isa_probe
 import pytest
 
-import _isa_probe
 from refimpl import isa
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

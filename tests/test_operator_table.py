@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from bnn.measure import TORCH_FUNCTIONS, binary as torch_binary, unary as torch_unary
+from bnn.measure import TORCH_FUNCTIONS
+from bnn.measure import binary as torch_binary
+from bnn.measure import unary as torch_unary
 from refimpl import BINARY, UNARY, Genome, measure
 from refimpl.formula import parse
 from refimpl.operators import FUNCTIONS

@@ -4,8 +4,8 @@ import os
 import re
 
 import pytest
-
 from _tiny_cifar import make_cifar
+
 from bnn import reproduce
 from bnn.paper_results import GRID, MEASURES, PAPER
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 import torch
-
 from _tiny_cifar import ARCHIVE, make_cifar
+
 from bnn.data import load_dataset
 from bnn.train import PRESETS, TrainConfig, load_checkpoint, train_model
 

@@ -96,7 +96,8 @@ def test_paper_measures_gradcheck():
     for name in ["baseline"] + [f"M{i}" for i in range(1, 11)]:
         counts = [(1.0 + 9 * torch.rand(2, 3, 2, generator=gen, dtype=torch.float64)).requires_grad_() for _ in range(4)]
         alpha = (0.5 + torch.rand(4, 3, generator=gen, dtype=torch.float64)).requires_grad_()
-        assert torch.autograd.gradcheck(lambda a, b, c, d, al: bnn.measure(name, a, b, c, d, al), (*counts, alpha)), name
+        assert torch.autograd.gradcheck(lambda a, b, c, d, al, name=name: bnn.measure(name, a, b, c, d, al),
+                                        (*counts, alpha)), name
 
 
 def test_ste_sign_forward_and_gradients():
