@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from refimpl.counts import window_output_size
+from refimpl.counts import FLOAT32_EXACT_COUNT, window_output_size
 
 # ----------------------------------------------------------------------------------------------
 # The algebra, for one output position of a convolution (a dense layer is the 1x1 case).
@@ -287,7 +287,7 @@ def counts_conv2d(x: torch.Tensor, w: torch.Tensor, stride=1, padding=0, dilatio
     # The golden path's rule and words for shapes without a result (a kernel under 1x1, an
     # empty output map); torch would raise its own RuntimeErrors for some, accept others.
     out_h, out_w = window_output_size(x.shape[2], x.shape[3], tuple(w.shape[2:]), stride, padding, dilation)
-    _compute_dtype(x)
+    _check_exact(_compute_dtype(x), x.shape[1] * w.shape[2] * w.shape[3], (w.shape[2], w.shape[3]))
     if 0 in x.shape or 0 in w.shape:
         return _zero_counts(x, w, (x.shape[0], w.shape[0], out_h, out_w))
     return _CountsConv2d.apply(x, w, stride, padding, dilation)
@@ -299,10 +299,19 @@ def counts_dense(x: torch.Tensor, w: torch.Tensor):
         raise ValueError(f"x must be (N, K) and w (M, K); got shapes {tuple(x.shape)} and {tuple(w.shape)}")
     if x.shape[1] != w.shape[1]:
         raise ValueError(f"x rows have {x.shape[1]} elements but w rows have {w.shape[1]}")
-    _compute_dtype(x)
+    _check_exact(_compute_dtype(x), x.shape[1])
     if 0 in x.shape or 0 in w.shape:
         return _zero_counts(x, w, (x.shape[0], w.shape[0]))
     return _CountsDense.apply(x, w)
+
+
+def _check_exact(dtype: torch.dtype, n: int, kernel=None) -> None:
+    # Counts up to n: float32 rounds past 2**24 (16777217 came back as 16777216), silently.
+    # The message is built only when raised: under torch.compile the sizes may be symbolic.
+    if dtype == torch.float32 and n > FLOAT32_EXACT_COUNT:
+        what = "a dense row" if kernel is None else f"a {kernel[0]}x{kernel[1]} window"
+        raise ValueError(f"{what} of {n} elements can count past 2**24 = {FLOAT32_EXACT_COUNT}, which float32 "
+                         "counts round (docs/design.md section 1); pass float64 tensors")
 
 
 def _zero_counts(x: torch.Tensor, w: torch.Tensor, shape) -> tuple:

@@ -558,6 +558,11 @@ def _outputs(out, shape):
     return tuple(out)
 
 
+# float32 holds every integer up to this and not one more: the largest window (n) a float32
+# count, or the engine's float32 epilogue, takes exactly (docs/design.md section 1).
+FLOAT32_EXACT_COUNT = 1 << 24
+
+
 def window_output_size(h: int, w: int, kernel, stride, padding, dilation) -> tuple[int, int]:
     """(Ho, Wo) of a counts convolution over an h x w input, or the ValueError for a geometry
     without a result: a kernel under 1x1, or an empty output map. ``bnn/counts.py`` calls this

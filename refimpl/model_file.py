@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .bits import WORD_BITS, n_words
-from .counts import _word_popcounts
+from .counts import FLOAT32_EXACT_COUNT, _word_popcounts
 from .genome import Genome
 
 FORMAT = "bnn-measure"
@@ -394,6 +394,9 @@ def _parse_conv(entry, chain: _Chain, w) -> tuple[Conv, tuple[int, int]]:
     out_map = _window(w, (chain.h, chain.w), **geo)
     p = _text(entry, "tensors", w)
     kh, kw = geo["kernel"]
+    if i * kh * kw > FLOAT32_EXACT_COUNT:  # the epilogue takes the counts in float32
+        raise ModelFileError(f"{w}: a window of {i} channels x {kh}x{kw} taps has {i * kh * kw} elements; "
+                             "the engine's float32 counts are exact only to 2**24 (docs/design.md section 1)")
     conv = Conv(
         name=p, in_channels=i, out_channels=o, **geo,
         bits=chain.take(f"{p}.bits", (o, kh, kw, n_words(i)), np.uint64, w),
