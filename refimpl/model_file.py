@@ -327,8 +327,9 @@ def _finite_numbers(v, n: int) -> np.ndarray | None:
     if not (isinstance(v, list) and len(v) == n and all(isinstance(u, (int, float)) and not isinstance(u, bool) for u in v)):
         return None
     try:
-        out = np.asarray(v, dtype=np.float32)
-    except OverflowError:
+        with np.errstate(over="ignore"):  # 1e308 becomes inf, refused just below
+            out = np.asarray(v, dtype=np.float32)
+    except OverflowError:  # an integer past float's range
         return None
     return out if np.isfinite(out).all() else None
 
