@@ -58,9 +58,13 @@ def cpu_name() -> str:
     return info.cpu_model()
 
 
+def load_average() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+
+
 def host_line(threads: int) -> str:
-    """CPU, cores, the kernel path in use and how it was chosen, threads."""
-    return f"{cpu_name()}, {os.cpu_count()} cores; {info.path_line()}; {threads} threads"
+    """CPU, cores, the kernel path in use and how it was chosen, threads, the load average now."""
+    return f"{cpu_name()}, {os.cpu_count()} cores; {info.path_line()}; {threads} threads; load average {load_average()}"
 
 
 @dataclass
@@ -201,6 +205,8 @@ def main(argv=None) -> int:
         )
         sys.stdout.flush()
     print("# T = tera binary MACs/s; xR lo-hi = speed-up over torch conv2d float32: median round, lowest, highest")
+    print("# kernel/peak: the kernel's wall-clock rate over the ceiling's CPU-time rate (the loop when it has the "
+          f"cores): on a busy machine it reads low (load average now {load_average()})")
     print(f"# torch conv2d float32 reached {macs / t_torch / 1e12:.2f} T MACs/s on the last layer")
 
     torch_bench = HERE / "bench_counts_torch.py"
