@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from _engine_models import assert_logits_close, fresh_model, torch_logits
 from safetensors import safe_open
-from safetensors.numpy import load_file, save_file
-from test_infer import _assert_counts_identical, _infer, _last_json
+from safetensors.numpy import load_file
+from test_infer import _assert_counts_identical, _infer, _last_json, _rewrite
 from torch import nn
 
 from bnn.export import FORMAT, export_checkpoint, export_model
@@ -184,15 +184,6 @@ def _smooth(n, shape, seed):
 def _meta(path):
     with safe_open(str(path), "np") as f:
         return json.loads(f.metadata()[FORMAT])
-
-
-def _rewrite(src, dst, edit_meta=None, edit_tensors=None):
-    meta, tensors = _meta(src), load_file(str(src))
-    if edit_meta:
-        edit_meta(meta)
-    if edit_tensors:
-        edit_tensors(tensors)
-    save_file(tensors, str(dst), metadata={FORMAT: json.dumps(meta)})
 
 
 @pytest.fixture(scope="module")

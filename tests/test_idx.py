@@ -10,17 +10,15 @@ import hashlib
 import http.server
 import json
 import os
-import subprocess
-import sys
 import threading
 
 import numpy as np
 import pytest
 from _tiny_idx import NAMES, idx_bytes, make_idx, write
+from test_infer import _infer  # refimpl.infer in a subprocess that cannot import torch
 
 from refimpl import datasets
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FASHION = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 
 
@@ -338,23 +336,6 @@ def test_train_cli_missing_idx_files_is_one_line(tmp_path, capsys):
                  "digits", "--out", str(tmp_path / "r"), "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and NAMES[0] in err[0] and "FashionMNIST" in err[0]
-
-
-NO_TORCH = (
-    "import sys, runpy\n"
-    "class _Block:\n"
-    "    def find_spec(self, name, path=None, target=None):\n"
-    "        if name.split('.')[0] in ('torch', 'torchvision', 'bnn'):\n"
-    "            raise ImportError('blocked: ' + name)\n"
-    "sys.meta_path.insert(0, _Block())\n"
-    "sys.argv = ['refimpl.infer'] + sys.argv[1:]\n"
-    "runpy.run_module('refimpl.infer', run_name='__main__', alter_sys=True)\n"
-)
-
-
-def _infer(*args):
-    return subprocess.run([sys.executable, "-c", NO_TORCH, *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
 
 
 @pytest.fixture(scope="module")
