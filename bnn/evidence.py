@@ -27,6 +27,7 @@ import os
 import sys
 import time
 
+from refimpl.cli import OneLineParser
 from refimpl.genome import Genome
 
 from . import _evidence_report as report
@@ -347,14 +348,8 @@ def _bar(total: int, enabled: bool):
 # Command line
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m bnn.evidence",
+    p = OneLineParser(prog="python -m bnn.evidence",
                 description="Train the paper's measures over seeds under one protocol and test whether any beats XNOR.")
     p.add_argument("--dataset", help="fashion-mnist (default), mnist or digits")
     p.add_argument("--model", help="network (default: the data set's default, mnist_net for MNIST-like sets)")

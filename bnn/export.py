@@ -27,7 +27,6 @@ tail per (output, tap) row.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -39,6 +38,7 @@ from torch import nn
 
 from refimpl._fma import fma
 from refimpl.bits import pack_bits
+from refimpl.cli import OneLineParser
 from refimpl.genome import Genome
 
 from .layers import BinaryConv2d
@@ -266,14 +266,8 @@ def export_checkpoint(checkpoint: str, out: str) -> dict:
     )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def main(argv=None) -> int:
-    p = _Parser(prog="python -m bnn.export",
+    p = OneLineParser(prog="python -m bnn.export",
                 description="Export a bnn.train checkpoint to a .bnn file for the CPU engine (python -m refimpl.infer).")
     p.add_argument("checkpoint", help="checkpoint.pt written by python -m bnn.train")
     p.add_argument("-o", "--out", required=True, help="output file, e.g. MODEL.bnn")

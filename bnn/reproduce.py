@@ -12,12 +12,12 @@ the paper's number in every cell.
 """
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import os
 import sys
 
+from refimpl.cli import OneLineParser
 from refimpl.datasets import DATASETS, canonical_name, dataset_arg
 
 from .paper_results import CIFAR10_MODELS, CIFAR100_MODELS, GRID, MEASURES, PAPER
@@ -141,14 +141,8 @@ def write_table(root: str) -> str:
     return path
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def main(argv=None) -> int:
-    p = _Parser(prog="python -m bnn.reproduce", description="Run the paper's evaluation grid and tabulate it beside the paper.")
+    p = OneLineParser(prog="python -m bnn.reproduce", description="Run the paper's evaluation grid and tabulate it beside the paper.")
     p.add_argument("--dataset", type=dataset_arg, metavar="{" + ",".join(DATASETS) + "}",
                    help="only this data set's cells (the paper's tables: cifar10, cifar100)")
     p.add_argument("--data-dir", help="folder with the CIFAR archives (default: $BNN_DATA_DIR or ./data)")

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from refimpl.cli import OneLineParser
 from refimpl.genome import Genome
 
 from .data import DATASETS, Dataset, canonical_name, dataset_arg, load_dataset
@@ -459,14 +460,8 @@ def _epoch_line(row: dict) -> str:
 # Command line
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m bnn.train", description="Train a binarized network with a searched similarity measure.")
+    p = OneLineParser(prog="python -m bnn.train", description="Train a binarized network with a searched similarity measure.")
     p.add_argument("--model", help=f"one of {', '.join(MODELS)} (default: digits_net for digits, mnist_net for "
                                    "mnist and fashion-mnist, resnet18 for CIFAR)")
     p.add_argument("--dataset", default="digits", type=dataset_arg, metavar="{" + ",".join(DATASETS) + "}",

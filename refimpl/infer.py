@@ -30,19 +30,14 @@ import time
 
 import numpy as np
 
+from .cli import OneLineParser
 from .datasets import DATASETS, dataset_arg
 
 LATENCY_IMAGES = 20  # single-image runs for the batch-1 latency median
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m refimpl.infer",
+    p = OneLineParser(prog="python -m refimpl.infer",
                 description="Run an exported binarized network (a .bnn file from python -m bnn.export) on the CPU, "
                             "with NumPy and Numba only.")
     p.add_argument("model", help="MODEL.bnn written by python -m bnn.export")

@@ -9,7 +9,6 @@ PyTorch is never imported.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -23,12 +22,7 @@ import numba
 import numpy as np
 
 from . import _jit, isa  # noqa: F401  (_jit sets Numba's target from REFIMPL_ISA before it is read)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, no usage block
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+from .cli import OneLineParser
 
 
 def cpu_model() -> str:
@@ -120,7 +114,7 @@ def render(info: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = _Parser(prog="python -m refimpl.info",
+    p = OneLineParser(prog="python -m refimpl.info",
                 description="Show the CPU, the kernel path (instruction set) the CPU kernels are compiled for, "
                             "the paths this CPU can execute, versions, threads and the kernel cache folder. "
                             f"{isa.ENV}=<path> forces a path ({', '.join(isa.PATHS)}).")
