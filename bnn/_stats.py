@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-VERDICTS = ("beats baseline", "worse", "within noise")
+VERDICTS = ("beats baseline", "worse", "within noise", "one pair: no interval")
 
 
 def mean(xs) -> float | None:
@@ -94,7 +94,10 @@ def paired_interval(xs, ys, level: float = 0.95) -> dict:
 
 
 def verdict(lo: float | None, hi: float | None) -> str:
-    """"beats baseline" only when the whole interval is above zero, "worse" when below."""
+    """"beats baseline" only when the whole interval is above zero, "worse" when below; a single
+    pair has no interval, and says so rather than "within noise"."""
+    if lo is None and hi is None:
+        return "one pair: no interval"
     if lo is not None and lo > 0:
         return "beats baseline"
     if hi is not None and hi < 0:
