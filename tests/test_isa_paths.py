@@ -1,8 +1,9 @@
 """Every kernel path this CPU can execute computes exact counts and compiles to its own instructions.
 
 The path in use is tested in this process; every lower path the host can execute runs in a
-subprocess with ``REFIMPL_ISA`` forcing it (``tests/_isa_probe.py``), so an AVX-512 host also
-proves the AVX2 and portable code that laptops and ARM64 machines get. A path the host cannot
+subprocess with ``REFIMPL_ISA`` forcing it (``tests/_isa_probe.py``, started in the background at
+session start: ``tests/_isa_background.py``), so an AVX-512 host also proves the AVX2 and
+portable code that laptops and ARM64 machines get. A path the host cannot
 execute is skipped with that reason.
 """
 import functools
@@ -11,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import _isa_background
 import _isa_probe
 import pytest
 
@@ -23,13 +25,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _probe(path: str) -> dict:
     if path == isa.current_path():
         return _isa_probe.probe()
-    env = {**os.environ, **isa.forced_environment(path)}
-    env.pop("NUMBA_CPU_NAME", None)
-    env.pop("NUMBA_CPU_FEATURES", None)
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "_isa_probe.py")], capture_output=True,
-                       text=True, env=env, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    r = _isa_background.scheduled_result(path)  # started at session start by tests/conftest.py
+    if r is None:
+        done = _isa_background.run_probe(path)
+        r = {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+    assert r["returncode"] == 0, r["stderr"][-2000:]
+    return json.loads(r["stdout"].strip().splitlines()[-1])
 
 
 def _runnable(path: str):
