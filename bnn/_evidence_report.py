@@ -11,18 +11,10 @@ import json
 import os
 import platform
 
+from refimpl.fileio import atomic_write_bytes as atomic_write  # temp file, fsync, rename, fsync the folder
+
 from . import _stats
 from .paper_results import MEASURES
-
-
-def atomic_write(path: str, data: bytes) -> None:
-    """Temp file, fsync, os.replace: a reader sees the old file or the new one, never half."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def host_info(device: str | None = None) -> dict:

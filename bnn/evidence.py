@@ -442,7 +442,7 @@ def main(argv=None) -> int:
                 raise GridError(f"--jobs must be at least 1, got {args.jobs}")
             results = run_grid(root, base, cells, progress=not args.no_progress, plot=args.plot, log=log,
                                jobs=args.jobs)
-    except GridError as exc:
+    except (GridError, OSError) as exc:  # OSError: a journal or report write failed (a full disk)
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     if args.json:

@@ -39,6 +39,7 @@ from torch import nn
 from refimpl._fma import fma
 from refimpl.bits import pack_bits
 from refimpl.cli import OneLineParser
+from refimpl.fileio import atomic_write_bytes, check_output, refuse_non_regular
 from refimpl.genome import Genome
 
 from .layers import BinaryConv2d
@@ -188,8 +189,9 @@ def export_model(model: nn.Module, path: str, *, mean=None, std=None, pixel_max=
 
     ``mean``/``std``: per-channel normalization in raw pixel units (default: identity).
     """
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
+    refuse_non_regular(path)  # before any work: never rename over a folder, FIFO or device
     config = dict(getattr(model, "config", {}))
     if "measure" not in config:
         raise ValueError("model has no .config with a measure; build it with bnn.models")
@@ -227,15 +229,8 @@ def export_model(model: nn.Module, path: str, *, mean=None, std=None, pixel_max=
         "source_sha256": source_sha256,
         "layers": layers,
     }
-    # Atomic: a reader never sees a half-written file under the final name.
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.{os.getpid()}")
-    try:
-        save_file(tensors, tmp, metadata={FORMAT: json.dumps(meta)})
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    # Atomic and durable: a reader never sees a half-written file; a full disk keeps the old one.
+    atomic_write_bytes(path, save(tensors, metadata={FORMAT: json.dumps(meta)}))
     return meta
 
 
@@ -250,6 +245,7 @@ def sha256_file(path: str) -> str:
 def export_checkpoint(checkpoint: str, out: str) -> dict:
     from .train import load_checkpoint
 
+    check_output(out, [checkpoint])  # -o CHECKPOINT would replace the checkpoint with the export
     ckpt = load_checkpoint(checkpoint)
     mc, data = ckpt.get("model_config") or {}, ckpt.get("data") or {}
     try:

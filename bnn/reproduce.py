@@ -19,6 +19,7 @@ import sys
 
 from refimpl.cli import OneLineParser
 from refimpl.datasets import DATASETS, canonical_name, dataset_arg
+from refimpl.fileio import atomic_write_text
 
 from .paper_results import CIFAR10_MODELS, CIFAR100_MODELS, GRID, MEASURES, PAPER
 
@@ -134,10 +135,7 @@ def markdown_table(root: str) -> str:
 def write_table(root: str) -> str:
     os.makedirs(root, exist_ok=True)
     path = os.path.join(root, "results.md")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(markdown_table(root))
-    os.replace(tmp, path)
+    atomic_write_text(path, markdown_table(root))  # temp file, fsync, rename, fsync the folder
     return path
 
 

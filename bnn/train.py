@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from refimpl.cli import OneLineParser
+from refimpl.fileio import atomic_file, atomic_write_text, check_output, remove_stale_temps, write_error
 from refimpl.genome import Genome
 
 from .data import DATASETS, Dataset, canonical_name, dataset_arg, load_dataset
@@ -70,6 +71,8 @@ EVAL_BATCH = 500  # images per evaluation forward pass; memory only, not accurac
 CUDA_FINITE_CHECK_EVERY = 16
 
 STATUSES = ("ok", "rejected", "diverged")
+CHECKPOINT, METRICS, SUMMARY = "checkpoint.pt", "metrics.jsonl", "summary.json"
+RUN_FILES = (CHECKPOINT, METRICS, SUMMARY)
 _DIGITS = PRESETS["digits"]
 
 
@@ -179,12 +182,6 @@ def _set_rng_state(state: dict, gen: torch.Generator) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _atomic_write(path: str, write) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def _save_checkpoint(path, model, optimizer, scheduler, gen, cfg, data, epoch, history, status, test):
     ckpt = {
         "format": "bnn-train-checkpoint",
@@ -201,7 +198,8 @@ def _save_checkpoint(path, model, optimizer, scheduler, gen, cfg, data, epoch, h
         "status": status,  # "running" until the last epoch, then one of STATUSES
         "test": test,  # (top-1, top-5) once the run is done and the test set was evaluated
     }
-    _atomic_write(path, lambda tmp: torch.save(ckpt, tmp))
+    with atomic_file(path) as f:  # temp file, fsync, rename, fsync the folder; a full disk keeps the last one
+        torch.save(ckpt, f)
 
 
 def load_checkpoint(path: str) -> dict:
@@ -217,12 +215,54 @@ def load_checkpoint(path: str) -> dict:
 
 
 def _write_metrics(path: str, history: list[dict]) -> None:
-    def write(tmp):
-        with open(tmp, "w") as f:
-            for row in history:
-                f.write(json.dumps(row) + "\n")
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in history))
 
-    _atomic_write(path, write)
+
+def _append_metrics(path: str, row: dict) -> None:
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    except OSError as exc:  # a full disk: one line; the checkpoint's history rebuilds the file on resume
+        raise write_error(path, exc) from None
+
+
+def run_finished(ckpt: dict, epochs: int) -> bool:
+    """A checkpoint whose run is over: a final status, and not an "ok" run given more epochs."""
+    return ckpt["status"] in STATUSES and not (ckpt["status"] == "ok" and epochs > int(ckpt["epoch"]))
+
+
+def finished_result(cfg: TrainConfig, ckpt: dict) -> TrainResult:
+    """A finished run's result from its checkpoint, its figures as they were recorded (wall_s is
+    the run's own); summary.json is written only where a kill left it missing, never rewritten."""
+    history = list(ckpt["history"])
+    wall = history[-1]["wall_s"] if history and history[-1].get("wall_s") is not None else 0.0
+    summary = os.path.join(cfg.out_dir, SUMMARY) if cfg.out_dir else None
+    write = summary is not None and not os.path.exists(summary)
+    if not write and summary is not None:
+        try:  # the summary's wall_s also counts the test evaluation and the last save
+            with open(summary) as f:
+                recorded = json.load(f).get("wall_s")
+            wall = recorded if isinstance(recorded, (int, float)) else wall
+        except (OSError, ValueError, AttributeError):
+            pass  # unreadable: the last epoch's figure
+    return _finish(cfg, ckpt["status"], history, ckpt.get("test"), None, write=write, wall_s=wall)
+
+
+def _prepare_out_dir(out_dir: str) -> None:
+    """Before any work: refuse outputs that are not regular files, remove temp files of killed writers."""
+    for name in RUN_FILES:
+        check_output(os.path.join(out_dir, name))
+    remove_stale_temps(out_dir)
+
+
+def _start_fresh(out_dir: str) -> None:
+    # An earlier run's files go (the CLI refuses them without --overwrite), so a kill during the
+    # first epoch cannot leave the old checkpoint to be resumed or its summary to be reported.
+    for name in (CHECKPOINT, SUMMARY):
+        path = os.path.join(out_dir, name)
+        if os.path.isfile(path):
+            os.remove(path)
+    _write_metrics(os.path.join(out_dir, METRICS), [])
 
 
 # =============================================================================================
@@ -287,9 +327,11 @@ def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: flo
     ckpt_path = metrics_path = None
     if cfg.out_dir:
         os.makedirs(cfg.out_dir, exist_ok=True)
-        ckpt_path = os.path.join(cfg.out_dir, "checkpoint.pt")
-        metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")
+        ckpt_path = os.path.join(cfg.out_dir, CHECKPOINT)
+        metrics_path = os.path.join(cfg.out_dir, METRICS)
     ckpt = load_checkpoint(ckpt_path) if cfg.resume and ckpt_path and os.path.isfile(ckpt_path) else None
+    if cfg.out_dir:
+        _prepare_out_dir(cfg.out_dir)
     if ckpt is not None:
         saved = ckpt["config"]
         for key in ("model", "dataset", "measure", "seed", "split_seed", "batch_size", "lr", "gamma", "train_size"):
@@ -299,6 +341,8 @@ def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: flo
         if saved.get("downsample", "binary") != cfg.downsample:
             raise ValueError(f"cannot resume {ckpt_path}: it was trained with "
                              f"downsample={saved.get('downsample', 'binary')!r}, not {cfg.downsample!r}")
+        if run_finished(ckpt, cfg.epochs):
+            return finished_result(cfg, ckpt)  # reported, not retrained: no data needed
 
     if data is None:
         data = load_dataset(cfg.dataset, cfg.data_dir, cfg.val_size, cfg.split_seed, device, cfg.download,
@@ -326,13 +370,10 @@ def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: flo
         scheduler.load_state_dict(ckpt["scheduler"])
         _set_rng_state(ckpt["rng"], gen)
         history, start_epoch = list(ckpt["history"]), int(ckpt["epoch"])
-        # A finished run is reported, not retrained, unless an "ok" run is given more epochs.
-        if ckpt["status"] in STATUSES and not (ckpt["status"] == "ok" and cfg.epochs > start_epoch):
-            return _finish(cfg, ckpt["status"], history, ckpt.get("test"), t0)
         if metrics_path:
             _write_metrics(metrics_path, history)
-    elif metrics_path:
-        _write_metrics(metrics_path, [])
+    elif cfg.out_dir:
+        _start_fresh(cfg.out_dir)
     forward = torch.compile(model) if cfg.compile else model
 
     status, test = "running", None
@@ -396,8 +437,7 @@ def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: flo
             if cfg.eval_test:
                 test = evaluate(model, data, data.test_x, data.test_y)
         if metrics_path:
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(history[-1]) + "\n")
+            _append_metrics(metrics_path, history[-1])
         if ckpt_path:
             _save_checkpoint(ckpt_path, model, optimizer, scheduler, gen, cfg, data, epoch, history, status, test)
         if progress:
@@ -409,7 +449,7 @@ def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: flo
     return _finish(cfg, status, history, test, t0)
 
 
-def _finish(cfg, status, history, test, t0) -> TrainResult:
+def _finish(cfg, status, history, test, t0, write: bool = True, wall_s: float | None = None) -> TrainResult:
     test = test or (None, None)
     vals = [r["val_acc"] for r in history]
     result = TrainResult(
@@ -418,20 +458,14 @@ def _finish(cfg, status, history, test, t0) -> TrainResult:
         val_acc_per_epoch=vals,
         test_acc=test[0],
         epochs=len(history),
-        wall_s=time.perf_counter() - t0,
+        wall_s=time.perf_counter() - t0 if wall_s is None else wall_s,
         test_top5=test[1],
         train_loss=history[-1]["train_loss"] if history else None,
         config={**asdict(cfg), "milestones": list(cfg.milestones)},
     )
-    if cfg.out_dir and status in STATUSES:
-        _atomic_write(os.path.join(cfg.out_dir, "summary.json"),
-                      lambda tmp: _write_text(tmp, json.dumps(_json_safe(result.to_dict())) + "\n"))
+    if write and cfg.out_dir and status in STATUSES:
+        atomic_write_text(os.path.join(cfg.out_dir, SUMMARY), json.dumps(_json_safe(result.to_dict())) + "\n")
     return result
-
-
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
 
 
 def _json_safe(row: dict) -> dict:
@@ -485,16 +519,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="run folder for metrics.jsonl, checkpoint.pt, summary.json (default: runs/DATASET-MODEL-MEASURE-sSEED)")
     p.add_argument("--val-size", type=int, help="validation images held out of train (default: 10%% digits, else 5000)")
     p.add_argument("--train-size", type=int, help="train on a seeded subset of this many of the remaining images")
-    p.add_argument("--resume", metavar="OUT", help="continue the run in folder OUT from its checkpoint")
+    p.add_argument("--resume", metavar="OUT", help="continue the run in folder OUT from its checkpoint; a finished "
+                                                   "run is reported as it is (exit 0), not retrained or rewritten "
+                                                   "(--epochs above its epochs extends an ok run)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --out (without it such a folder is refused)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or per-epoch lines on stderr")
     return p
 
 
-def config_from_args(args) -> TrainConfig:
+def config_from_args(args, ckpt: dict | None = None) -> TrainConfig:
     if args.resume:
-        ckpt = load_checkpoint(os.path.join(args.resume, "checkpoint.pt"))
+        ckpt = ckpt or load_checkpoint(os.path.join(args.resume, CHECKPOINT))
         saved = dict(ckpt["config"])
         saved.update(out_dir=args.resume, resume=True)
         if args.epochs is not None:
@@ -526,6 +564,22 @@ def config_from_args(args) -> TrainConfig:
     )
 
 
+def _refuse_existing_run(out_dir: str) -> None:
+    # The default --out is the same for the same data set, model, measure and seed: a rerun with
+    # other settings would silently replace the first run.
+    if os.path.exists(os.path.join(out_dir, SUMMARY)):
+        raise ValueError(f"{out_dir} holds a finished run ({SUMMARY}); pass --overwrite to replace it, "
+                         "or choose another --out")
+    if os.path.exists(os.path.join(out_dir, CHECKPOINT)):
+        raise ValueError(f"{out_dir} holds an unfinished run ({CHECKPOINT}); continue it with --resume {out_dir}, "
+                         "or pass --overwrite to start it over")
+
+
+# What --resume takes from the checkpoint: given with it, they would be ignored, so they are refused.
+RESUME_FIXED = ("out", "model", "dataset", "data_dir", "download", "measure", "downsample", "preset", "batch_size", "lr",
+                "milestones", "seed", "val_size", "train_size", "compile")
+
+
 # Tests set this to simulate a kill: the process exits abruptly right after that epoch's
 # checkpoint, so a second process must resume from the files alone.
 _KILL_ENV = "BNN_TRAIN_KILL_AFTER_EPOCH"
@@ -539,10 +593,18 @@ def main(argv=None) -> int:
         # One writer per run folder: --resume locks before the checkpoint is read, --out once the
         # settings are valid (a bad setting leaves no folder); held until the process ends.
         lock = hold_run_dir(args.resume, create=False) if args.resume and os.path.isdir(args.resume) else None
-        cfg = config_from_args(args)
+        if args.overwrite and args.resume:
+            raise ValueError("--overwrite starts the run in --out over and --resume continues one; pass one of them")
+        ckpt = load_checkpoint(os.path.join(args.resume, CHECKPOINT)) if args.resume else None
+        cfg = config_from_args(args, ckpt)
         if lock is None and cfg.out_dir:
             cfg.validate()
             lock = hold_run_dir(cfg.out_dir)
+            if not args.overwrite:
+                _refuse_existing_run(cfg.out_dir)
+        if ckpt is not None and run_finished(ckpt, cfg.epochs):
+            print(f"{args.resume} is a finished run ({ckpt['status']}, {ckpt['epoch']} epochs): nothing was trained "
+                  "or rewritten; pass --epochs N above its epochs to extend an ok run", file=sys.stderr)
         result = train_model(cfg, progress=not args.no_progress, _stop_after_epoch=kill_after)
         if result.status == "running":
             sys.stdout.flush()

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .fileio import atomic_file
+
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 DIGITS_TEST_SIZE = 360  # 20% of 1797, the last images in load_digits() order
 
@@ -502,26 +504,19 @@ def download_idx(name: str, data_dir: str, base_url: str | None = None, log=None
 
 
 def _fetch_verified(url: str, dest: str, sha256: str) -> None:
-    tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.tmp.{os.getpid()}")
-    try:
+    # atomic_file: temp file, fsync, rename, fsync the folder; any error leaves no file behind.
+    with atomic_file(dest) as out:
         try:
-            with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp, open(tmp, "wb") as out:
+            with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp:
                 digest = _copy_and_hash(resp, out, url)
-                if digest != sha256:
-                    raise ValueError(f"{url}: the SHA-256 of its decompressed content is {digest}, expected {sha256}; "
-                                     f"nothing was written (retry, or place the official files in "
-                                     f"{os.path.dirname(dest)} yourself)")
-                out.flush()
-                os.fsync(out.fileno())
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             reason = exc if isinstance(exc, urllib.error.HTTPError) else getattr(exc, "reason", exc)
             raise OSError(f"could not download {url} ({' '.join(str(reason).split())}); check the connection, "
                           f"or place the official files in {os.path.dirname(dest)} yourself") from None
-        os.replace(tmp, dest)
-        _fsync_dir(os.path.dirname(dest))
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        if digest != sha256:
+            raise ValueError(f"{url}: the SHA-256 of its decompressed content is {digest}, expected {sha256}; "
+                             f"nothing was written (retry, or place the official files in "
+                             f"{os.path.dirname(dest)} yourself)")
 
 
 def _copy_and_hash(resp, out, url: str) -> str:
@@ -548,16 +543,3 @@ def _copy_and_hash(resp, out, url: str) -> str:
         raise ValueError(f"{url}: the gzip stream ends early (truncated transfer); nothing was written")
     return h.hexdigest()
 
-
-def _fsync_dir(folder: str) -> None:
-    # The rename itself is durable only once the folder's entry is on disk (POSIX).
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -32,6 +32,7 @@ import numpy as np
 
 from .cli import OneLineParser
 from .datasets import DATASETS, dataset_arg
+from .fileio import atomic_file, check_output
 
 LATENCY_IMAGES = 20  # single-image runs for the batch-1 latency median
 
@@ -135,6 +136,8 @@ def run(args) -> dict:
         if not 1 <= args.threads <= numba.config.NUMBA_NUM_THREADS:
             raise ValueError(f"--threads must be in 1..{numba.config.NUMBA_NUM_THREADS}, got {args.threads}")
         numba.set_num_threads(args.threads)
+    if args.out:  # before any work: not a folder, FIFO or device, not the model or the input
+        check_output(args.out, [args.model, args.input, args.labels])
     model = engine.load(args.model)
     x, labels, source = _inputs(args, model)
     n = len(x)
@@ -160,9 +163,8 @@ def run(args) -> dict:
         ok = np.isfinite(logits).all(axis=1)
         accuracy = float(((preds == labels) & ok).mean())
     if args.out:
-        tmp = f"{args.out}.tmp.{os.getpid()}.npy"
-        np.save(tmp, preds)
-        os.replace(tmp, args.out)
+        with atomic_file(args.out) as f:  # a file object: np.save adds no ".npy" to the name
+            np.save(f, preds)
     return {
         "n": n,
         "accuracy": accuracy,

@@ -16,6 +16,7 @@ from . import journal as jr
 from .engine import SEARCH_FIELDS, Search, SearchConfig
 from .fitness import parse_fitness_spec
 from .ga import Thresholds
+from .report import prepare_outputs
 
 # Presets. "digits" (no arguments) is sized to finish in under 10 minutes on 2 CPU cores with
 # the digits network; "paper" is the paper's setting (docs/design.md section 7).
@@ -259,6 +260,7 @@ def main(argv=None) -> int:
             cfg, run_dir, resuming = _config_from_args(args)
             _validate(cfg, download=args.download)
             lock = lock or _lock_new(run_dir)
+            prepare_outputs(run_dir)
             search = Search(cfg, run_dir, progress=not args.no_progress and not args.json)
             search.load_reuse()
             if resuming:
@@ -274,7 +276,14 @@ def main(argv=None) -> int:
         except KeyboardInterrupt:
             search.stop_reason = "interrupted (Ctrl-C); continue with --resume " + str(run_dir)
             code = 130
-        return _report(search, args, code)
+        except OSError as exc:  # a journal write failed (a full disk): what is journaled stays resumable
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 2
+        try:
+            return _report(search, args, code)
+        except OSError as exc:  # results.json or search.png could not be written; the old ones are intact
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 2
     finally:
         if lock is not None:
             lock.release()  # held until results.json is written: one writer per run folder

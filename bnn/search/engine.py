@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from refimpl import Genome
+from refimpl.fileio import atomic_write_text
 
 from . import journal as jr
 from .fitness import FitnessCache, fitness_of, parse_fitness_spec
@@ -381,9 +382,5 @@ def _visible_gpus() -> list[str]:
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    tmp = Path(str(path) + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=1, allow_nan=False)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Temp file, fsync, rename, fsync the folder (refimpl.fileio); a full disk keeps the old file."""
+    atomic_write_text(path, json.dumps(obj, indent=1, allow_nan=False))

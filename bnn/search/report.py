@@ -1,9 +1,27 @@
 """What a user sees at the end (and on Ctrl-C): leaderboard, results.json, search.png."""
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+from refimpl.fileio import atomic_write_bytes, check_output, remove_stale_temps
+
 from .engine import Search, write_json_atomic
+
+OUTPUTS = ("results.json", "search.png")
+_OLD_TEMPS = ("results.json.tmp", "search.tmp.png")  # the temp names of earlier versions
+
+
+def prepare_outputs(run_dir: Path) -> None:
+    """At start: refuse outputs that are not regular files (before hours of search, not after),
+    and remove the temp files of writers killed in an earlier run."""
+    for name in OUTPUTS:
+        check_output(Path(run_dir) / name)
+    remove_stale_temps(run_dir)
+    for name in _OLD_TEMPS:  # no pid in their names; the caller holds the run folder's lock
+        path = Path(run_dir) / name
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
 
 
 def leaderboard_text(search: Search, top: int | None = None) -> str:
@@ -76,8 +94,8 @@ def write_plot(search: Search) -> str:
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(alpha=0.3)
     path = search.run_dir / "search.png"
-    tmp = search.run_dir / "search.tmp.png"
-    fig.savefig(tmp)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
     plt.close(fig)
-    tmp.replace(path)
+    atomic_write_bytes(path, buf.getvalue())
     return f"wrote {path}"

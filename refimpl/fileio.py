@@ -1,0 +1,205 @@
+"""Durable, atomic output files: the one writer every command uses (NumPy-free, torch-free).
+
+A file is written to ``.NAME.tmp.<pid>`` in its own folder, flushed and fsynced, renamed over
+``NAME`` (``os.replace``) and the folder is fsynced, so a reader, a kill or a power cut leaves
+the old file or the new one, never half of one. A failed write (a full disk, a quota, a
+read-only folder) removes the temp file, keeps the old file byte for byte and raises
+``OutputError``, one line that names the file and the way out; it is an ``OSError``, which every
+command line prints as its one-line error.
+
+    with atomic_file(path) as f:      # a binary file object: torch.save(obj, f), np.save(f, a)
+        ...
+    atomic_write_bytes(path, data)
+
+A destination that exists and is not a regular file (a folder, a FIFO, a device node, a
+symbolic link) is refused, never renamed over; ``check_output(path, inputs)`` says so up front
+and also refuses an output that is one of the command's inputs. A process killed while writing
+leaves its temp file behind: ``remove_stale_temps(folder)`` deletes those of processes that no
+longer exist, and the commands call it on their run folder at start.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import BinaryIO
+
+TEMP_PATTERN = re.compile(r"^\.?(?P<name>.+)\.tmp\.(?P<pid>[0-9]+)$")  # also the old "NAME.tmp.<pid>"
+# A full disk or quota is the user's to fix by freeing space; other errors get a generic hint.
+_HINTS = {
+    errno.ENOSPC: "free space and rerun",
+    getattr(errno, "EDQUOT", errno.ENOSPC): "free space and rerun",  # no EDQUOT on Windows
+    errno.EFBIG: "the file is over the size limit; raise it (ulimit -f) or write elsewhere",
+    errno.EROFS: "the file system is read-only; write elsewhere",
+    errno.EACCES: "check the folder's permissions or write elsewhere",
+    errno.EPERM: "check the folder's permissions or write elsewhere",
+    errno.ENOENT: "create its folder first",
+}
+# Folders of some file systems cannot be fsynced; the rename is as durable as they allow.
+_DIR_FSYNC_UNSUPPORTED = {errno.EINVAL, errno.EBADF, errno.EISDIR, getattr(errno, "ENOTSUP", errno.EINVAL)}
+
+
+class OutputError(OSError):
+    """An output that cannot or must not be written; its text is one line naming the fix."""
+
+    def __init__(self, message: str, err: int | None = None):
+        super().__init__(message)
+        self.errno = err
+
+    def __str__(self) -> str:  # OSError's own str would prefix "[Errno N]"
+        return self.args[0]
+
+
+def temp_path(path: str | os.PathLike) -> str:
+    """The temp file ``atomic_file`` writes for ``path``: ``.NAME.tmp.<pid>`` beside it."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{name}.tmp.{os.getpid()}")
+
+
+def _kind(mode: int) -> str:
+    for test, word in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return word
+    return "not a regular file"
+
+
+def refuse_non_regular(path: str | os.PathLike) -> None:
+    """Raise ``OutputError`` if ``path`` exists and is not a regular file (a link is not followed)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise write_error(path, exc) from None
+    if not stat.S_ISREG(mode):
+        kind = _kind(mode)
+        fix = "name a file inside it" if kind == "a folder" else "choose a regular file's path"
+        raise OutputError(f"refusing to write {os.fspath(path)}: it is {kind}, and replacing it would destroy it; {fix}")
+
+
+def check_output(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = ()) -> None:
+    """Refuse an output that is not a regular file or that is one of ``inputs`` (same file, any
+    spelling); call it before any work, so a bad output costs nothing."""
+    refuse_non_regular(path)
+    for inp in inputs:
+        if inp is None:
+            continue
+        same = os.path.realpath(path) == os.path.realpath(inp)
+        if not same and os.path.exists(path) and os.path.exists(inp):
+            same = os.path.samefile(path, inp)
+        if same:
+            raise OutputError(f"refusing to write {os.fspath(path)}: it is the input {os.fspath(inp)}, which "
+                              "writing would destroy; choose another output path")
+
+
+def write_error(path, exc: OSError) -> OutputError:
+    """The one-line ``OutputError`` for a failed write of ``path`` (for writers that append)."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    hint = _HINTS.get(exc.errno, "fix that and rerun")
+    return OutputError(f"cannot write {os.fspath(path)}: {' '.join(reason.split())}; {hint}", exc.errno)
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Make a rename in ``folder`` durable (POSIX); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # Windows cannot open a folder; its rename is durable on its own terms
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in _DIR_FSYNC_UNSUPPORTED:
+            raise
+    finally:
+        os.close(fd)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary file object whose content replaces ``path`` durably when the block ends without
+    an exception; on any exception the temp file is removed and ``path`` is untouched. An
+    ``OSError`` with an errno (a write that failed) becomes ``OutputError``."""
+    refuse_non_regular(path)
+    tmp = temp_path(path)
+    try:
+        _remove(tmp)  # a leftover of a dead process that had this pid: O_EXCL below needs it gone
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    except OSError as exc:
+        raise write_error(path, exc) from None
+    try:
+        try:
+            with os.fdopen(fd, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            refuse_non_regular(path)  # made meanwhile (by another process): still never rename over it
+            os.replace(tmp, path)
+        except OutputError:
+            raise
+        except OSError as exc:
+            if exc.errno is None:
+                raise  # not a failed write: the caller's own error, unchanged
+            raise write_error(path, exc) from None
+    except BaseException:
+        _remove(tmp)
+        raise
+    try:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
+    except OSError as exc:
+        raise write_error(path, exc) from None
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Replace ``path`` with ``data``, durably and atomically (see ``atomic_file``)."""
+    with atomic_file(path) as f:
+        f.write(data)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _pid_alive(pid: int) -> bool:
+    if os.name != "posix":
+        return True  # no cheap, harmless probe (os.kill would terminate): keep the file
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OverflowError, OSError):
+        return True  # another user's process, or a value no probe can answer: keep the file
+    return True
+
+
+def remove_stale_temps(folder: str | os.PathLike) -> list[str]:
+    """Delete the temp files in ``folder`` left by dead processes; the names removed, sorted.
+
+    A temp file is ``.NAME.tmp.<pid>`` (or the older ``NAME.tmp.<pid>``), a regular file, whose
+    pid is not a live process; a live writer's temp file is kept."""
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    removed = []
+    for name in sorted(names):
+        m = TEMP_PATTERN.match(name)
+        if m is None or _pid_alive(int(m["pid"])):
+            continue
+        path = os.path.join(folder, name)
+        if os.path.isfile(path) and not os.path.islink(path):
+            _remove(path)
+            removed.append(name)
+    return removed
