@@ -48,6 +48,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import refimpl  # noqa: E402
 from refimpl import blocked, info, isa  # noqa: E402
+from refimpl._jit import jit  # noqa: E402
 from refimpl.bits import pack_bits, pack_nchw  # noqa: E402
 from refimpl.counts import _address, _finish_rows, _fresh_outputs, counts_conv2d_packed  # noqa: E402
 
@@ -122,8 +123,9 @@ def interleaved_times(variants: dict, rounds: int, repeats: int) -> dict[str, np
     return {name: np.array(ts) for name, ts in times.items()}
 
 
-# not cached: Numba's own cache would not see a change to refimpl's _finish_rows
-@numba.njit(parallel=True)
+# The project's factory, so it compiles as the kernel it mirrors; not cached: Numba's own cache
+# (this file is outside refimpl's stamp) would not see a change to refimpl's _finish_rows.
+@jit(parallel=True, cache=False)
 def _write_outputs_only(stage, positions, n_out, px, pw, n, a, b, c, d, misaligned):
     # every (image, channel) row through the fused kernel's own output stage, from a zero ``a``
     ld = stage.shape[0] // n_out

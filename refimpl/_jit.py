@@ -1,38 +1,43 @@
 """The one place that holds Numba's options for every kernel in ``refimpl``.
 
 * ``cache=True``: compiles take seconds; the cache makes the second process start fast.
-  A cached kernel is stamped with the sources of the whole package, not only its own file
-  (``_PackageLocator``): kernels inline helpers from other files (``_tiles.py``, ``_pack.py``,
-  ``bits.popcount``), and Numba's own stamp kept serving the old machine code after such a
-  helper changed (a ``git pull`` that touches only ``_pack.py`` packed with the old code).
+  A cached kernel is stamped with the sources of the whole package, every ``.py`` under
+  ``refimpl/`` and its subpackages, not only its own file (``_PackageLocator``): kernels inline
+  helpers from other files (``_tiles.py``, ``_pack.py``, ``bits.popcount``), and Numba's own
+  stamp kept serving the old machine code after such a helper changed (a ``git pull`` that
+  touches only ``_pack.py`` packed with the old code). The generated epilogues carry the same
+  stamp in their text (``refimpl/epilogue.py``).
 * ``error_model="numpy"``: IEEE semantics (``1/0 = inf``, ``0/0 = nan``), never an exception
   (docs/design.md section 2). No ``fastmath``: the golden path keeps NaN and inf honest.
-* SLP vectorizer on, loop vectorizer off (before anything compiles): with Numba's defaults the
-  loop vectorizer splits the popcount panel into 128 reduction accumulators that spill, and the
-  kernel runs ~50x slower; SLP packs the named scalar accumulators into AVX-512 registers
-  (docs/performance.md). Numba keeps SLP off by default because of a past miscompile (numba#8705):
-  every kernel compiled here has a bit-exact test against a naive reference.
+* SLP vectorizer on, loop vectorizer off, per kernel: with Numba's defaults the loop vectorizer
+  splits the popcount panel into 128 reduction accumulators that spill, and the kernel runs
+  ~50x slower; SLP packs the named scalar accumulators into AVX-512 registers
+  (docs/performance.md). Elementwise kernels ask for ``loop_vectorize=True`` (the epilogue says
+  why it is safe). Numba keeps SLP off by default because of a past miscompile (numba#8705):
+  every kernel compiled here has a bit-exact test against a naive reference. Numba has no
+  per-function option for either, so ``_Compiler`` sets them in ``numba.config`` for the length
+  of one kernel's compile and restores them: other Numba code in the process keeps Numba's
+  defaults. A user's ``NUMBA_SLP_VECTORIZE`` / ``NUMBA_LOOP_VECTORIZE`` wins.
+
+Every kernel of the package goes through ``jit`` (tests/test_jit_factory.py checks the sources).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 from pathlib import Path
 
 import numba
-from numba.core import caching
+from numba.core import caching, compiler
 
 from . import isa
 
-if "NUMBA_SLP_VECTORIZE" not in os.environ:
-    numba.config.SLP_VECTORIZE = 1
-if "NUMBA_LOOP_VECTORIZE" not in os.environ:
-    numba.config.LOOP_VECTORIZE = 0
-
 # The instruction set (REFIMPL_ISA, else the host's best; refimpl/isa.py), set before anything
-# compiles. On AVX-512 it also asks for full-width vectors: LLVM tunes some AVX-512 CPUs (the host
-# here reports 'rocketlake') to prefer 256-bit ones, and the popcount tile then spills.
+# compiles: the one global Numba setting left (docs/design.md section 11 says why). On AVX-512 it
+# also asks for full-width vectors: LLVM tunes some AVX-512 CPUs (the host here reports
+# 'rocketlake') to prefer 256-bit ones, and the popcount tile then spills.
 isa.configure()
 
 OPTIONS = dict(cache=True, error_model="numpy", fastmath=False)
@@ -40,21 +45,67 @@ OPTIONS = dict(cache=True, error_model="numpy", fastmath=False)
 PACKAGE = Path(__file__).resolve().parent
 
 
+@contextlib.contextmanager
+def vectorizers(loop: bool):
+    """SLP on and the loop vectorizer ``loop`` in ``numba.config`` inside, restored after;
+    a setting the user made through the environment is left as it is."""
+    saved = numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE
+    if "NUMBA_SLP_VECTORIZE" not in os.environ:
+        numba.config.SLP_VECTORIZE = 1
+    if "NUMBA_LOOP_VECTORIZE" not in os.environ:
+        numba.config.LOOP_VECTORIZE = int(loop)
+    try:
+        yield
+    finally:
+        numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = saved
+
+
+class _Compiler(compiler.Compiler):
+    """Numba's compiler with this package's vectorizer settings around each compile (a kernel
+    compiled inside another, as a callee, gets its own settings too)."""
+
+    loop_vectorize = False
+
+    def compile_extra(self, func):
+        with vectorizers(self.loop_vectorize):
+            return super().compile_extra(func)
+
+    def compile_ir(self, func_ir, lifted=(), lifted_from=None):
+        with vectorizers(self.loop_vectorize):
+            return super().compile_ir(func_ir, lifted, lifted_from)
+
+
+class _LoopVectorizedCompiler(_Compiler):
+    loop_vectorize = True
+
+
+def compiled_here(dispatcher) -> bool:
+    """Whether a Numba dispatcher was made by ``jit`` (its compiler is this module's)."""
+    pipeline = getattr(getattr(dispatcher, "_compiler", None), "pipeline_class", None)
+    return isinstance(pipeline, type) and issubclass(pipeline, _Compiler)
+
+
+def _sources(root: Path) -> list[Path]:
+    return sorted((p for p in root.rglob("*.py") if "__pycache__" not in p.relative_to(root).parts),
+                  key=lambda p: p.relative_to(root).as_posix())
+
+
 @functools.lru_cache(maxsize=4)
-def _stamp_of(files: tuple) -> bytes:
+def _stamp_of(root: Path, files: tuple) -> bytes:
     digest = hashlib.sha256()
     for name, _, _ in files:
-        digest.update(name.encode() + b"\0" + (PACKAGE / name).read_bytes() + b"\0")
+        digest.update(name.encode() + b"\0" + (root / name).read_bytes() + b"\0")
     return digest.digest()
 
 
-def package_stamp() -> bytes:
-    """sha256 of every source file of ``refimpl``: the freshness stamp of its cached kernels."""
+def package_stamp(root: Path = PACKAGE) -> bytes:
+    """sha256 of every ``.py`` under ``root`` (``refimpl`` and its subpackages, by relative path):
+    the freshness stamp of the package's cached kernels and generated epilogues."""
     files = []
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in _sources(root):
         st = path.stat()
-        files.append((path.name, st.st_mtime_ns, st.st_size))
-    return _stamp_of(tuple(files))  # re-hashed only when a file's time or size changes
+        files.append((path.relative_to(root).as_posix(), st.st_mtime_ns, st.st_size))
+    return _stamp_of(root, tuple(files))  # re-hashed only when a file's time or size changes
 
 
 def _package_locator(base):
@@ -63,7 +114,7 @@ def _package_locator(base):
 
         @classmethod
         def from_function(cls, py_func, py_file):
-            if Path(py_file).resolve().parent != PACKAGE:
+            if PACKAGE not in Path(py_file).resolve().parents:
                 return None  # not ours: Numba's own locators take it
             return super().from_function(py_func, py_file)
 
@@ -86,10 +137,12 @@ def _install_package_locators():
 _install_package_locators()
 
 
-def jit(fn=None, **extra):
+def jit(fn=None, *, loop_vectorize: bool = False, **extra):
     """``numba.njit`` with the project's options; ``jit(parallel=True)`` for drivers,
-    ``jit("signature")`` to compile eagerly, at import."""
-    options = {**OPTIONS, **extra}
+    ``jit("signature")`` to compile eagerly, at import; ``loop_vectorize=True`` for elementwise
+    loops (refimpl/epilogue.py says when that is safe)."""
+    options = {**OPTIONS, **extra,
+               "pipeline_class": _LoopVectorizedCompiler if loop_vectorize else _Compiler}
     if fn is None:
         return lambda f: numba.njit(**options)(f)
     if isinstance(fn, str):

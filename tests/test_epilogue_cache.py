@@ -1,11 +1,13 @@
 """The generated-epilogue cache (issue 18 item 6): code planted in the cache folder (a ``.pyc`` in
 its ``__pycache__``, a ``.py`` that differs from the generated text) never runs, the results stay
-those of ``refimpl.measure``, and a folder that is not private to the user is not used."""
+those of ``refimpl.measure``, and a folder that is not private to the user is not used. A change
+to any refimpl source the epilogue inlines rebuilds it (issue 17 item 3)."""
 import importlib.util
 import marshal
 import os
 import shutil
 import stat
+import subprocess
 import sys
 
 import numpy as np
@@ -135,3 +137,51 @@ def test_a_cache_folder_others_can_write_is_not_used(tmp_path, monkeypatch, fres
     assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.stat(tmp_path).st_uid
     assert epilogue.private_cache_dir() == first and capsys.readouterr().err == "", "one folder, one warning"
     shutil.rmtree(first)
+
+
+# Builds the baseline's epilogue in a fresh process and runs it on one output whose counts are
+# a = 3, px = 5, pw = 4, n = 10, so b = 1, c = 2, d = 4 and XNOR (a + d) - (b + c) = 4; BatchNorm
+# scale 2, shift 1 gives fma(4, 2, 1) = 9.
+REBUILD_SCRIPT = """
+import numpy as np
+from refimpl import epilogue
+key, _ = epilogue.module_name("baseline")
+module = epilogue.load("baseline")
+a = np.full((1, 1, 1), 3, np.int32)
+px, pw, npw = (np.full((1, 1), v, np.float32) for v in (5, 4, 10 - 4))
+alpha = np.ones((4, 1), np.float32)
+scale, shift = np.full(1, 2, np.float32), np.full(1, 1, np.float32)
+out = np.zeros((1, 1, 1), np.float32)
+module.epilogue_none(a, px, pw, npw, alpha, scale, shift, out, np.zeros((1, 1, 1, 1), np.uint64), False, 1, 0, 0, 1)
+print(epilogue.__file__, key, float(out[0, 0, 0]))
+"""
+
+
+def _build_epilogue(root, cache) -> tuple[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "PYTHONPATH")}
+    env["BNN_MEASURE_CACHE"] = str(cache)
+    result = subprocess.run([sys.executable, "-c", REBUILD_SCRIPT], cwd=root, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    where, key, y = result.stdout.split()
+    assert os.path.dirname(os.path.realpath(where)) == os.path.realpath(root / "refimpl"), "ran the copy"
+    return key, y
+
+
+def test_the_epilogue_is_rebuilt_when_a_helper_it_inlines_changes(tmp_path):
+    package = os.path.dirname(os.path.realpath(epilogue.__file__))
+    shutil.copytree(package, tmp_path / "refimpl", ignore=shutil.ignore_patterns("__pycache__"))
+    cache = tmp_path / "cache"
+    key, y = _build_epilogue(tmp_path, cache)
+    assert y == "9.0"
+    assert [p.name for p in cache.glob("*.py")] == [f"{key}.py"]
+
+    # _fma.fma32 is inlined into the generated kernels; neither the generator nor the genome changes
+    fma = tmp_path / "refimpl" / "_fma.py"
+    text = fma.read_text()
+    assert text.count("return builder.fma(*args)") == 1
+    fma.write_text(text.replace("return builder.fma(*args)",
+                                "return builder.fadd(builder.fma(*args), args[0].type(1.0))"))
+    new_key, new_y = _build_epilogue(tmp_path, cache)
+    assert new_y == "10.0", "the cached epilogue kept the old fma32"
+    assert new_key != key and sorted(p.name for p in cache.glob("*.py")) == sorted([f"{key}.py", f"{new_key}.py"])

@@ -1,7 +1,7 @@
 """The blocked kernel's inner loop is what docs/performance.md says reaches the popcount peak.
 
 Cached Numba functions cannot be inspected, so each test compiles an uncached copy of the
-kernel with the project's options and reads its assembly.
+kernel with the project's jit factory (its options and vectorizer settings) and reads its assembly.
 """
 import re
 
@@ -11,7 +11,7 @@ import pytest
 
 import refimpl  # noqa: F401  (sets the project's Numba options before anything compiles)
 from refimpl import _tiles, blocked, isa
-from refimpl._jit import OPTIONS
+from refimpl._jit import jit
 
 # The path this process compiles for (REFIMPL_ISA or the host's best), not the host's features:
 # a suite run with a lower path forced must check that path's code.
@@ -19,12 +19,11 @@ HAS_VPOPCNTDQ = isa.current_path() == "avx512-vpopcntdq"
 
 
 def _tile_asm(layout: str = "nchw") -> str:
-    options = {k: v for k, v in OPTIONS.items() if k != "cache"}
     if layout == "nchw":  # the GEMM of one panel, which every nchw kernel calls
         panel = getattr(_tiles, blocked.panel_function_name(16, 8))
-        kernel = numba.njit(blocked.PANEL_SIGNATURE, **options)(panel.py_func)
+        kernel = jit(blocked.PANEL_SIGNATURE, cache=False)(panel.py_func)
         return kernel.inspect_asm(kernel.signatures[0])
-    kernel = numba.njit(parallel=True, **options)(getattr(_tiles, blocked.kernel_name(16, 8, layout)).py_func)
+    kernel = jit(parallel=True, cache=False)(getattr(_tiles, blocked.kernel_name(16, 8, layout)).py_func)
     rng = np.random.default_rng(0)
     x = rng.choice([-1.0, 1.0], size=(2, 64, 4, 4)).astype(np.float32)
     w = rng.choice([-1.0, 1.0], size=(8, 64, 3, 3)).astype(np.float32)
