@@ -139,7 +139,8 @@ _install_package_locators()
 
 def jit(fn=None, *, loop_vectorize: bool = False, **extra):
     """``numba.njit`` with the project's options; ``jit(parallel=True)`` for drivers,
-    ``jit("signature")`` to compile eagerly, at import; ``loop_vectorize=True`` for elementwise
+    ``jit("signature")`` to compile eagerly, at import (no kernel of the package does: a cold
+    cache then costs every process seconds); ``loop_vectorize=True`` for elementwise
     loops (refimpl/epilogue.py says when that is safe)."""
     options = {**OPTIONS, **extra,
                "pipeline_class": _LoopVectorizedCompiler if loop_vectorize else _Compiler}

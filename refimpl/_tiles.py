@@ -8,7 +8,7 @@ from ._jit import jit
 from .bits import popcount
 
 
-@jit("void(u8[::1], i8, i8[::1], i8[::1], i8, u8[::1])")
+@jit
 def gather_16_nchw(xflat, k_words, taps_off, bases, first, xt):
     # im2col of pixels first .. first+15: xt[(t*K + k)*16 + p], tap-major, so that a
     # step's 16 input words are adjacent and SLP packs the accumulators over pixels: each
@@ -32,7 +32,7 @@ def gather_16_nchw(xflat, k_words, taps_off, bases, first, xt):
                     xt[dst + np.uint64(p)] = xflat[np.uint64(bases[first + p]) + off + k]
 
 
-@jit("void(u8[::1], u8[::1], i8, i8, i8[::1], i8, i8, i8)")
+@jit
 def panel_16x8_nchw(xt, wflat, steps, panel, out, row0, ld, col):
     # The 16x8 tile of one panel: channel j of the panel goes to
     # out[(row0 + j)*ld + col :][:16], 16 consecutive positions (SLP: vector stores).
@@ -489,7 +489,7 @@ def tiles_16x8(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_p
                         a[(i * n_out + o) * positions + pix - i * positions] = block[j * 16 + p]
 
 
-@jit("void(u8[::1], u8[::1], i8, i8[::1], i8[::1], i8, i8, i8, i8, i8, u8[::1], u8[:, ::1], i4[::1], i8, f4[::1])")
+@jit
 def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, first, panel0, panel1, xt, block, a, a_first, px):
     # Pixels first .. first+15 (of n_pixels), panels [panel0, panel1); pixel r's
     # channels go to a[(r - a_first) * n_out:], so ``a`` is the whole (N*Ho*Wo, O)
@@ -1103,7 +1103,7 @@ def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, gr
                 px[tile * 16 + q] = pxt[tid, q]
 
 
-@jit("void(f4[:, ::1], f4[:, ::1], i8, i8, i8, f4[:, ::1])")
+@jit
 def stem_tile_8x32(col, wk, p0, ps, o0, y):
     # col (K, positions) im2col, wk (K, O), y (positions, O); the caller keeps the
     # pixels p0 + q*ps (q < 8) and the channels o0 .. o0+31 in range.

@@ -62,9 +62,9 @@ def tile_function_name(pixels: int, channels: int) -> str:
     return f"tile_{pixels}x{channels}_nhwc"
 
 
-# Explicit, so the tile compiles when ``_tiles`` is imported, with the package's vectorizer
-# settings: the epilogue modules that call it compile with the loop vectorizer on, and would
-# otherwise compile their own copy of the tile under it.
+# The types each tile function is compiled for, on first call (the tests compile them uncached
+# with these to read their instructions). A tile first called from an epilogue that compiles
+# with the loop vectorizer on still compiles with its own settings (refimpl/_jit.py).
 TILE_FUNCTION_SIGNATURE = (
     "void(u8[::1], u8[::1], i8, i8[::1], i8[::1], i8, i8, i8, i8, i8, u8[::1], u8[:, ::1], i4[::1], i8, f4[::1])"
 )
@@ -100,7 +100,7 @@ def _nhwc_sources(P: int, Q: int) -> list[str]:
     i1, i2, i3, i4 = (" " * (4 * k) for k in range(1, 5))
     tile = tile_function_name(P, Q)
     lines = [
-        f'@jit("{TILE_FUNCTION_SIGNATURE}")',
+        "@jit",
         f"def {tile}(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, first, panel0, panel1, xt, block, a, a_first, px):",
         f"{i1}# Pixels first .. first+{P - 1} (of n_pixels), panels [panel0, panel1); pixel r's",
         f"{i1}# channels go to a[(r - a_first) * n_out:], so ``a`` is the whole (N*Ho*Wo, O)",
@@ -193,7 +193,7 @@ def _nchw_sources(P: int, Q: int) -> list[str]:
     i1, i2, i3, i4 = (" " * (4 * k) for k in range(1, 5))
     gather, panel = gather_function_name(P), panel_function_name(P, Q)
     lines = [
-        f'@jit("{GATHER_SIGNATURE}")',
+        "@jit",
         f"def {gather}(xflat, k_words, taps_off, bases, first, xt):",
         f"{i1}# im2col of pixels first .. first+{P - 1}: xt[(t*K + k)*{P} + p], tap-major, so that a",
         f"{i1}# step's {P} input words are adjacent and SLP packs the accumulators over pixels: each",
@@ -217,7 +217,7 @@ def _nchw_sources(P: int, Q: int) -> list[str]:
         f"{i3}        xt[dst + np.uint64(p)] = xflat[np.uint64(bases[first + p]) + off + k]",
         "",
         "",
-        f'@jit("{PANEL_SIGNATURE}")',
+        "@jit",
         f"def {panel}(xt, wflat, steps, panel, out, row0, ld, col):",
         f"{i1}# The {P}x{Q} tile of one panel: channel j of the panel goes to",
         f"{i1}# out[(row0 + j)*ld + col :][:{P}], {P} consecutive positions (SLP: vector stores).",

@@ -116,7 +116,7 @@ def stem_tile_source(pixels: int, channels: int) -> list[str]:
     """
     P, Q = pixels, channels
     lines = [
-        '@jit("void(f4[:, ::1], f4[:, ::1], i8, i8, i8, f4[:, ::1])")',
+        "@jit",
         f"def stem_tile_{P}x{Q}(col, wk, p0, ps, o0, y):",
         "    # col (K, positions) im2col, wk (K, O), y (positions, O); the caller keeps the",
         f"    # pixels p0 + q*ps (q < {P}) and the channels o0 .. o0+{Q - 1} in range.",

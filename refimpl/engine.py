@@ -162,8 +162,9 @@ def load(path: str) -> Model:
 # Kernels (small, generic; the measure-specific epilogue is generated in refimpl/epilogue.py)
 # ----------------------------------------------------------------------------------------------
 # Elementwise kernels, compiled with LLVM's loop vectorizer on (refimpl/epilogue.py says why
-# that is safe) and explicit signatures, so they compile at import.
-@jit("u8(f4[::1], i8, i8)", loop_vectorize=True)
+# that is safe), on first call: compiled at import they cost every process that never runs a
+# model (counts, info, the CLIs' argument errors) seconds with a cold cache.
+@jit(loop_vectorize=True)
 def _sign_word(row, c0, c1):
     # The sign word of channels c0..c1 (at most 64) of one pixel: a whole word by vector
     # compares (bits.sign_word), a partial last word bit by bit.
@@ -175,7 +176,7 @@ def _sign_word(row, c0, c1):
     return acc
 
 
-@jit("u8(f4[::1], f4[::1], f4[::1], i8, i8)", loop_vectorize=True)
+@jit(loop_vectorize=True)
 def _affine_sign_word(row, scale, shift, c0, c1):
     # Channels c0..c1 (at most 64) of one pixel, in place: fma(row[c], scale[c], shift[c]),
     # the folded BatchNorm as torch computes it (refimpl/_fma.py); returns their sign word
@@ -187,8 +188,7 @@ def _affine_sign_word(row, scale, shift, c0, c1):
     return _sign_word(row, c0, c1)
 
 
-@jit("void(f4[:, :, :, ::1], f4[:, ::1], f4[::1], f4[::1], i8, i8, i8, i8, i8, i8, i8, i8, i8, "
-     "f4[:, :, ::1], f4[:, :, ::1], b1, i8, i8, u8[:, :, :, ::1])", parallel=True, loop_vectorize=True)
+@jit(parallel=True, loop_vectorize=True)
 def _stem(x, wmat, scale, shift, kh, kw, sh, sw, ph, pw, dh, dw, out_w, cols, y, pack, pad_h, pad_w, bits):
     # The full-precision stem, one image per task, all in one parallel region: im2col of the
     # image into this thread's cols (C*KH*KW, P), then the float32 tile (_tiles.stem_tile_*:
@@ -239,7 +239,7 @@ def _stem(x, wmat, scale, shift, kh, kw, sh, sw, ph, pw, dh, dw, out_w, cols, y,
                     bits[i, yy + pad_h, p - yy * out_w + pad_w, word] = acc
 
 
-@jit("void(f4[:, :, ::1], i8, i8, i8, u8[:, :, :, ::1])", parallel=True, loop_vectorize=True)
+@jit(parallel=True, loop_vectorize=True)
 def _pack_padded(x, width, pad_h, pad_w, bits):
     # x (N, P, C) float32 (channels last) -> bits (N, Hp, Wp, K) (zero borders kept): bit 1
     # where x >= 0. A pixel's 64 channels are contiguous: one or-reduction per word.
@@ -254,8 +254,7 @@ def _pack_padded(x, width, pad_h, pad_w, bits):
             bits[i, yy + pad_h, p - yy * width + pad_w, word] = _sign_word(row, word * 64, min(channels, word * 64 + 64))
 
 
-@jit("void(f4[:, :, :, ::1], i8, i8, f4[:, ::1], f4[::1], f4[::1], i8, f4[:, :, ::1], f4[:, :, ::1])",
-     parallel=True, loop_vectorize=True)
+@jit(parallel=True, loop_vectorize=True)
 def _real_shortcut(x, kh, kw, wt, scale, shift, out_w, cols, out):
     # The Bi-Real shortcut as torch's CPU kernels compute it (measured on torch 2.13: every
     # output bit-identical): x (N, H, W, C) -> out (N, P, O), one image per task.
@@ -311,7 +310,7 @@ def _real_shortcut(x, kh, kw, wt, scale, shift, out_w, cols, out):
                 row[o] = fma32(row[o], scale[o], shift[o])
 
 
-@jit("void(f4[:, ::1], f4[:, ::1], f4[::1], f4[:, ::1])", parallel=True, loop_vectorize=True)
+@jit(parallel=True, loop_vectorize=True)
 def _linear(x, wt, bias, out):
     # out (N, O) = x (N, K) @ wt (K, O) + bias, each output summed by fma in k order, then the
     # bias: one fixed order for every batch split, thread count and ISA (a BLAS sgemm picks its
@@ -332,7 +331,7 @@ def _linear(x, wt, bias, out):
             row[o] = row[o] + bias[o]
 
 
-@jit("void(f4[:, :, ::1], f4[:, ::1])", parallel=True, loop_vectorize=True)
+@jit(parallel=True, loop_vectorize=True)
 def _global_mean(x, out):
     # x (N, P, C) channels last -> out (N, C): the mean over positions, summed in float32 in
     # position order, each channel a vector lane (NumPy's mean over the middle axis took
