@@ -15,6 +15,12 @@ from pathlib import Path
 
 import _isa_background
 
+# Torch's OpenMP threads spin between parallel regions by default. With two xdist workers (and
+# their subprocesses) on two cores, spinning threads steal the cores the other trainings need:
+# a 3-epoch digits training took 160 s under such load and 37 s with passive waiting, same
+# result (docs/performance.md). Set before any worker or subprocess starts; a user's value wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 TESTS = Path(__file__).resolve().parent
 ISA_TESTS = TESTS / "test_isa_paths.py"
 _runner = None

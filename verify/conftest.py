@@ -5,6 +5,9 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+# Passive OpenMP waiting when test processes share the cores: tests/conftest.py says why.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # deadline=None: the first example of a test pays Numba compile time (seconds).
 settings.register_profile(
     "dev", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
