@@ -180,6 +180,32 @@ def default_val_size(name: str, train_size: int) -> int:
     return train_size // 10 if name == "digits" else 5000
 
 
+def check_split_sizes(key: str, n: int, val_size: int | None, train_size: int | None) -> int:
+    """The validation size (``None``: the default) for a training split of ``n`` images, or the
+    ValueError that names the setting and its valid range: every command checks this before it
+    writes anything, and ``load_dataset`` again."""
+    if val_size is None:
+        val_size = default_val_size(key, n)
+    if not 0 <= val_size < n:
+        raise ValueError(f"val_size must be in 0..{n - 1} for {key} ({n} training images), got {val_size}")
+    left = n - val_size
+    if train_size is not None and not 1 <= train_size <= left:
+        raise ValueError(f"train_size must be in 1..{left} for {key} ({n} training images, {val_size} "
+                         f"held out for validation), got {train_size}")
+    return val_size
+
+
+def read_arrays(name: str, data_dir: str | None = None, download: bool = False):
+    """(train_x, train_y, test_x, test_y, class_names) of a data set as NumPy arrays, uint8 NCHW."""
+    key = canonical_name(name)
+    if key == "digits":
+        return read_digits()
+    data_dir = data_dir if data_dir is not None else os.environ.get("BNN_DATA_DIR", "data")
+    if key in IDX:
+        return datasets.read_idx_dataset(key, data_dir, download)
+    return read_cifar(key, data_dir, download)
+
+
 def load_dataset(
     name: str = "digits",
     data_dir: str | None = None,
@@ -197,26 +223,15 @@ def load_dataset(
     """
     key = canonical_name(name)
     device = torch.device(device)
+    train_x, train_y, test_x, test_y, names = read_arrays(key, data_dir, download)
     if key == "digits":
-        train_x, train_y, test_x, test_y, names = read_digits()
         mean, std, crop_pad, flip = _DIGITS_MEAN, _DIGITS_STD, DIGITS_CROP_PAD, False
+    elif key in IDX:
+        (mean, std), crop_pad, flip = _IDX_STATS[key], IDX_CROP_PAD, _IDX_FLIP[key]
     else:
-        data_dir = data_dir if data_dir is not None else os.environ.get("BNN_DATA_DIR", "data")
-        if key in IDX:
-            train_x, train_y, test_x, test_y, names = datasets.read_idx_dataset(key, data_dir, download)
-            (mean, std), crop_pad, flip = _IDX_STATS[key], IDX_CROP_PAD, _IDX_FLIP[key]
-        else:
-            train_x, train_y, test_x, test_y, names = read_cifar(key, data_dir, download)
-            (mean, std), crop_pad, flip = _CIFAR_STATS[key], 4, True
+        (mean, std), crop_pad, flip = _CIFAR_STATS[key], 4, True
     n = len(train_y)
-    if val_size is None:
-        val_size = default_val_size(key, n)
-    if not 0 <= val_size < n:
-        raise ValueError(f"val_size must be in 0..{n - 1} for {key} ({n} training images), got {val_size}")
-    left = n - val_size
-    if train_size is not None and not 1 <= train_size <= left:
-        raise ValueError(f"train_size must be in 1..{left} for {key} ({n} training images, {val_size} held out "
-                         f"for validation), got {train_size}")
+    val_size = check_split_sizes(key, n, val_size, train_size)
     perm = np.random.default_rng(seed).permutation(n)
     val_idx = np.sort(perm[:val_size])
     train_idx = np.sort(perm[val_size:] if train_size is None else perm[val_size:val_size + train_size])

@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from refimpl.cli import OneLineParser
+from refimpl.cli import SEED_MAX, OneLineParser, nonnegative_int, parse_int, positive_float, positive_int
 from refimpl.genome import Genome
 
 from . import _evidence_report as report
@@ -336,6 +336,16 @@ def _load(base):
     return str(device), data
 
 
+def check_data(base) -> None:
+    """The data set is readable and holds the protocol's validation and training sizes."""
+    from .train import check_settings
+
+    try:
+        check_settings(base)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        raise GridError(str(exc)) from None
+
+
 def _bar(total: int, enabled: bool):
     if not enabled or total == 0:
         return None
@@ -357,15 +367,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--root", help="run folder: journal, lock, results (default: runs/evidence-DATASET)")
     p.add_argument("--measures", help=f"comma-separated names or genomes, downsample=binary (default: {','.join(MEASURES)})")
-    p.add_argument("--seeds", help=f"comma-separated seeds (default: {','.join(map(str, SEEDS))})")
+    p.add_argument("--seeds", help=f"comma-separated seeds in 0..2**63-1 (default: {','.join(map(str, SEEDS))})")
     p.add_argument("--real-measures", help=f"measures also run with downsample=real, or 'none' (default: {','.join(REAL_MEASURES)})")
-    p.add_argument("--epochs", type=int, help="epochs per cell (default: the protocol's, see PROTOCOLS)")
-    p.add_argument("--train-size", type=int, help="training images per epoch; 0 = all (default: the protocol's)")
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--lr", type=float)
+    p.add_argument("--epochs", type=positive_int, help="epochs per cell (default: the protocol's, see PROTOCOLS)")
+    p.add_argument("--train-size", type=nonnegative_int, help="training images per epoch; 0 = all (default: the protocol's)")
+    p.add_argument("--batch-size", type=positive_int)
+    p.add_argument("--lr", type=positive_float, help="Adam learning rate, a finite number > 0")
     p.add_argument("--milestones", help="comma-separated epochs after which the lr is multiplied by gamma")
-    p.add_argument("--val-size", type=int, help="validation images held out of the training set")
-    p.add_argument("--jobs", type=int, default=1,
+    p.add_argument("--val-size", type=nonnegative_int,
+                   help="validation images held out of the training set, 0..(training images - 1)")
+    p.add_argument("--jobs", type=positive_int, default=1,
                    help="cells trained at once, each in its own process with cores/jobs threads (default 1)")
     p.add_argument("--smoke", action="store_true", help="a tiny grid on digits: baseline,M1 x seeds 0,1 x 1 epoch of 3 steps")
     p.add_argument("--table-only", action="store_true", help="rewrite the report from the journal, train nothing")
@@ -375,11 +386,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _int_list(text: str, what: str) -> list[int]:
+def _int_list(text: str, what: str, lo: int = 0, hi: int | None = None) -> list[int]:
     try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise GridError(f"{what} must be comma-separated integers, got {text!r}") from None
+        return [parse_int(v, lo, hi) for v in text.split(",") if v.strip()]
+    except argparse.ArgumentTypeError as exc:
+        raise GridError(f"{what} must be comma-separated integers: {exc}") from None
 
 
 def _names(text: str | None, default) -> list[str]:
@@ -404,7 +415,7 @@ def setup(args) -> tuple[str, object, list[dict]]:
         protocol["train_size"] = args.train_size or None
     if args.milestones is not None:
         protocol["milestones"] = tuple(_int_list(args.milestones, "--milestones"))
-    seeds = _int_list(args.seeds, "--seeds") if args.seeds is not None else list(SEEDS)
+    seeds = _int_list(args.seeds, "--seeds", 0, SEED_MAX) if args.seeds is not None else list(SEEDS)
     try:
         cells = plan_cells(_names(args.measures, MEASURES), seeds, _names(args.real_measures, REAL_MEASURES))
     except ValueError as exc:
@@ -428,7 +439,9 @@ def table_only(root: str, plot: bool, log) -> dict:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    args, code = _parser().parse(argv)
+    if args is None:
+        return code
 
     def log(line):
         print(line, file=sys.stderr, flush=True)
@@ -438,8 +451,7 @@ def main(argv=None) -> int:
         if args.table_only:
             results = table_only(root, args.plot, log)
         else:
-            if args.jobs < 1:
-                raise GridError(f"--jobs must be at least 1, got {args.jobs}")
+            check_data(base)  # a split the data set cannot hold is refused before the root is made
             results = run_grid(root, base, cells, progress=not args.no_progress, plot=args.plot, log=log,
                                jobs=args.jobs)
     except (GridError, OSError) as exc:  # OSError: a journal or report write failed (a full disk)

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from refimpl.cli import OneLineParser
+from refimpl.cli import OneLineParser, nonnegative_int, positive_int, seed_int
 from refimpl.datasets import DATASETS, canonical_name, dataset_arg
 from refimpl.fileio import atomic_write_text
 
@@ -65,22 +65,27 @@ def run_cells(cells, root, data_dir=None, device="auto", epochs=None, val_size=N
     from .data import load_dataset  # torch only when something is trained
     from .train import TrainConfig, resolve_device, train_model
 
+    overrides = {} if epochs is None else {"epochs": epochs}
+    configs = {}
+    for cell in cells:  # every cell's settings (device, seed, epochs) before the first one trains
+        dataset, model, measure = cell
+        configs[cell] = TrainConfig.from_preset(
+            "paper-eval", model=model, dataset=dataset, measure=measure, seed=seed,
+            device=str(resolve_device(device, dataset)), data_dir=data_dir, val_size=val_size,
+            out_dir=os.path.join(root, *cell), resume=True, compile=compile, **overrides,
+        )
+        configs[cell].validate()
     loaded = {}
     for cell in cells:
-        dataset, model, measure = cell
+        dataset = cell[0]
         out = os.path.join(root, *cell)
         done = read_summary(root, cell)
         if done is not None:
             log(f"{cell_name(cell)}: finished ({done['status']}), skipped")
             continue
-        dev = resolve_device(device, dataset)
-        if dataset not in loaded:
-            loaded = {dataset: load_dataset(dataset, data_dir, val_size, 0, dev, download)}  # one data set in memory
-        overrides = {} if epochs is None else {"epochs": epochs}
-        cfg = TrainConfig.from_preset(
-            "paper-eval", model=model, dataset=dataset, measure=measure, seed=seed, device=str(dev),
-            data_dir=data_dir, val_size=val_size, out_dir=out, resume=True, compile=compile, **overrides,
-        )
+        cfg = configs[cell]
+        if dataset not in loaded:  # one data set in memory
+            loaded = {dataset: load_dataset(dataset, data_dir, val_size, 0, resolve_device(cfg.device), download)}
         resuming = os.path.isfile(os.path.join(out, "checkpoint.pt"))
         log(f"{cell_name(cell)}: {'resuming' if resuming else 'training'} ({cfg.epochs} epochs)")
         r = train_model(cfg, data=loaded[dataset], progress=progress)
@@ -146,16 +151,18 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", help="folder with the CIFAR archives (default: $BNN_DATA_DIR or ./data)")
     p.add_argument("--download", action="store_true", help="download CIFAR with torchvision if it is missing")
     p.add_argument("--cells", help="comma-separated globs over dataset/model/measure, e.g. 'cifar10/*/M9,cifar100/nin/*'")
-    p.add_argument("--epochs", type=int, help="shorten every cell (smoke run); results go to a separate root")
+    p.add_argument("--epochs", type=positive_int, help="shorten every cell (smoke run); results go to a separate root")
     p.add_argument("--root", help="where the cell folders and results.md go (default: runs/reproduce)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--val-size", type=int, help="validation images held out (default 5000)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--val-size", type=nonnegative_int, help="validation images held out, 0..49999 (default 5000)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of every cell's training, 0..2**63-1")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--list", action="store_true", help="print the selected cells and their state, run nothing")
     p.add_argument("--table-only", action="store_true", help="only rewrite results.md from finished cells")
     p.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
+    args, code = p.parse(argv)
+    if args is None:
+        return code
     root = args.root or default_root(args.epochs)
     try:
         cells = select_cells(args.cells, args.dataset)

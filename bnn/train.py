@@ -27,6 +27,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -35,11 +36,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from refimpl.cli import OneLineParser
+from refimpl.cli import SEED_MAX, OneLineParser, nonnegative_int, positive_float, positive_int, refuse_with, seed_int
 from refimpl.fileio import atomic_file, atomic_write_text, check_output, remove_stale_temps, write_error
 from refimpl.genome import Genome
 
-from .data import DATASETS, Dataset, canonical_name, dataset_arg, load_dataset
+from .data import DATASETS, Dataset, canonical_name, check_split_sizes, dataset_arg, load_dataset, read_arrays
 from .models import DOWNSAMPLE_KINDS, MODELS, build_model, check_downsample
 from .runlock import hold_run_dir
 
@@ -117,14 +118,38 @@ class TrainConfig:
             raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
         self.measure = str(Genome.parse(self.measure))
         check_downsample(self.downsample)
-        for name in ("epochs", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
+        _check_int("epochs", self.epochs, 1)
+        _check_int("batch_size", self.batch_size, 1)
+        _check_int("seed", self.seed, 0, SEED_MAX)
+        _check_int("split_seed", self.split_seed, 0, SEED_MAX)
+        for name in ("lr", "gamma"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         self.dataset = canonical_name(self.dataset)
-        if self.train_size is not None and self.train_size < 1:
-            raise ValueError(f"train_size must be at least 1, got {self.train_size}")
+        if self.val_size is not None:
+            _check_int("val_size", self.val_size, 0)
+        if self.train_size is not None:
+            _check_int("train_size", self.train_size, 1)
+        resolve_device(self.device, self.dataset)  # an unknown or absent device: one line, nothing run
+
+
+def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
+    # bool is an int to Python, and 1.7 would be truncated by range(): neither is a count or a seed.
+    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if not ok or value < lo or (hi is not None and value > hi):
+        valid = f">= {lo}" if hi is None else f"in {lo}..{'2**63-1' if hi == SEED_MAX else hi}"
+        raise ValueError(f"{name} must be an integer {valid}, got {value!r}")
+
+
+def check_settings(cfg: TrainConfig, data_sizes: bool = True) -> None:
+    """Every setting before a run folder is made: a run that can never succeed is refused in one
+    line, not started. ``data_sizes``: also read the data set (NumPy only, nothing on the device)
+    to check val_size and train_size against its training split."""
+    cfg.validate()
+    if data_sizes:
+        train_y = read_arrays(cfg.dataset, cfg.data_dir, cfg.download)[1]
+        check_split_sizes(cfg.dataset, len(train_y), cfg.val_size, cfg.train_size)
 
 
 @dataclass
@@ -147,14 +172,25 @@ class TrainResult:
 # Devices, seeds, checkpoints
 
 
+DEVICES = "auto, cpu, cuda or cuda:N"
+
+
 def resolve_device(name: str, dataset: str = "digits") -> torch.device:
+    """The torch device of ``name`` (auto, cpu, cuda, cuda:N), or a one-line ValueError for an
+    unknown name or a CUDA device this machine does not have."""
     if name in (None, "auto"):
         # digits is too small to keep a GPU busy; its default is the CPU.
         name = "cuda" if torch.cuda.is_available() and dataset != "digits" else "cpu"
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available")
-    return dev
+    m = re.fullmatch(r"cpu|cuda(?::([0-9]+))?", name) if isinstance(name, str) else None
+    if m is None:
+        raise ValueError(f"device {name!r} is not one of {DEVICES}")
+    if name.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device {name!r}: CUDA is not available on this machine; use cpu or auto")
+        if int(m.group(1) or 0) >= count:
+            raise ValueError(f"device {name!r}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}")
+    return torch.device(name)
 
 
 def _rng_state(gen: torch.Generator) -> dict:
@@ -510,15 +546,16 @@ def _parser() -> argparse.ArgumentParser:
                         "text: a binary 1x1 conv) or real (Bi-Real: 2x2 average pool, full-precision 1x1 conv)")
     p.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default: digits for digits, mnist for mnist and "
                                     "fashion-mnist, fitness for CIFAR)")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--lr", type=float)
+    p.add_argument("--epochs", type=positive_int)
+    p.add_argument("--batch-size", type=positive_int)
+    p.add_argument("--lr", type=positive_float, help="Adam learning rate, a finite number > 0")
     p.add_argument("--milestones", help="comma-separated epochs after which the lr is multiplied by gamma")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the initialization and data order, 0..2**63-1")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA if available; CPU for digits)")
     p.add_argument("--out", help="run folder for metrics.jsonl, checkpoint.pt, summary.json (default: runs/DATASET-MODEL-MEASURE-sSEED)")
-    p.add_argument("--val-size", type=int, help="validation images held out of train (default: 10%% digits, else 5000)")
-    p.add_argument("--train-size", type=int, help="train on a seeded subset of this many of the remaining images")
+    p.add_argument("--val-size", type=nonnegative_int,
+                   help="validation images held out of train, 0..(training images - 1) (default: 10%% digits, else 5000)")
+    p.add_argument("--train-size", type=positive_int, help="train on a seeded subset of this many of the remaining images")
     p.add_argument("--resume", metavar="OUT", help="continue the run in folder OUT from its checkpoint; a finished "
                                                    "run is reported as it is (exit 0), not retrained or rewritten "
                                                    "(--epochs above its epochs extends an ok run)")
@@ -586,10 +623,15 @@ _KILL_ENV = "BNN_TRAIN_KILL_AFTER_EPOCH"
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, code = parser.parse(argv)
+    if args is None:
+        return code
     kill_after = int(os.environ[_KILL_ENV]) if os.environ.get(_KILL_ENV) else None
     lock = None
     try:
+        refuse_with(parser.given(argv), "resume", RESUME_FIXED,
+                    "--resume continues OUT with the settings it started with (--epochs and --device may change)")
         # One writer per run folder: --resume locks before the checkpoint is read, --out once the
         # settings are valid (a bad setting leaves no folder); held until the process ends.
         lock = hold_run_dir(args.resume, create=False) if args.resume and os.path.isdir(args.resume) else None
@@ -597,8 +639,8 @@ def main(argv=None) -> int:
             raise ValueError("--overwrite starts the run in --out over and --resume continues one; pass one of them")
         ckpt = load_checkpoint(os.path.join(args.resume, CHECKPOINT)) if args.resume else None
         cfg = config_from_args(args, ckpt)
+        check_settings(cfg, data_sizes=not args.resume)  # a resumed run's sizes were checked at its start
         if lock is None and cfg.out_dir:
-            cfg.validate()
             lock = hold_run_dir(cfg.out_dir)
             if not args.overwrite:
                 _refuse_existing_run(cfg.out_dir)

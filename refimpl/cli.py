@@ -2,11 +2,27 @@
 
 ``OneLineParser`` is argparse with its errors printed as one ``error: ...`` line on stderr and exit
 status 2, without the usage block (``--help`` still shows it).
+
+The ``type=`` checkers below refuse a setting while the arguments are parsed, before anything
+runs or is written: argparse prints ``argument --lr: expected a finite number > 0, got 'inf'``,
+which names the option, the bad value and the valid range. Integers are ASCII digits only
+(Python's ``int`` also reads '٣' and '３').
 """
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
+
+# Seeds reach torch.manual_seed, NumPy and Python's random: all take 0..2**63-1 as an int64.
+SEED_MAX = 2**63 - 1
+_INT = re.compile(r"[+-]?[0-9]+")
+_UNSET = object()
+
+
+class _Refused(SystemExit):
+    """A refused command line: exit status 2 unless ``OneLineParser.parse`` returns it."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -14,4 +30,70 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+        raise _Refused(2)
+
+    def parse(self, argv=None) -> tuple[argparse.Namespace | None, int]:
+        """``(args, 0)``, or ``(None, 2)`` once the refusal's line is printed: a ``main(argv)``
+        returns the status, so an in-process caller gets it rather than SystemExit (``--help``
+        still exits, as argparse does)."""
+        try:
+            return self.parse_args(argv), 0
+        except _Refused as exc:
+            return None, exc.code
+
+    def given(self, argv=None) -> set[str]:
+        """The destinations the command line itself set, a default typed out included (argparse
+        fills a default only where the namespace has no value yet, so the unset ones keep a marker)."""
+        # An appending option adds to what the namespace holds: it starts from None, not the marker.
+        appending = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction)
+        probe = argparse.Namespace(**{a.dest: None if isinstance(a, appending) else _UNSET
+                                      for a in self._actions if a.dest != argparse.SUPPRESS})
+        self.parse_args(argv, namespace=probe)
+        return {k for k, v in vars(probe).items() if v is not _UNSET and v is not None}
+
+
+def refuse_with(given: set[str], option: str, others, why: str) -> None:
+    """ValueError when ``option`` and any of ``others`` (argparse destinations) were both given."""
+    clash = [o for o in others if o in given]
+    if option in given and clash:
+        flags = ", ".join("--" + o.replace("_", "-") for o in clash)
+        raise ValueError(f"--{option.replace('_', '-')} and {flags} cannot go together: {why}")
+
+
+def _range_text(lo: int, hi: int | None) -> str:
+    if hi is None:
+        return "a positive integer" if lo == 1 else f"an integer >= {lo}"
+    return f"an integer in {lo}..{'2**63-1' if hi == SEED_MAX else hi}"
+
+
+def parse_int(text: str, lo: int, hi: int | None = None) -> int:
+    """``text`` as an integer in ``lo..hi`` (``hi`` None: no upper bound); ArgumentTypeError otherwise."""
+    s = text.strip() if isinstance(text, str) else ""
+    value = int(s) if _INT.fullmatch(s) else None
+    if value is None or value < lo or (hi is not None and value > hi):
+        raise argparse.ArgumentTypeError(f"expected {_range_text(lo, hi)}, got {text!r}")
+    return value
+
+
+def int_in(lo: int, hi: int | None = None):
+    """An argparse ``type=``: an integer in ``lo..hi``."""
+    def check(text: str) -> int:
+        return parse_int(text, lo, hi)
+
+    return check
+
+
+positive_int = int_in(1)
+nonnegative_int = int_in(0)
+seed_int = int_in(0, SEED_MAX)
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type=``: a finite number > 0 (refuses inf, nan, 0 and negatives)."""
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        v = math.nan
+    if not (math.isfinite(v) and v > 0 and str(text).strip().isascii()):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return v

@@ -130,6 +130,9 @@ def run(args) -> dict:
 
     if (args.data_dir is not None or args.download) and args.dataset is None:
         raise ValueError("--data-dir and --download go with --dataset NAME")
+    for flag, given in (("--labels", args.labels is not None), ("--normalized", args.normalized)):
+        if given and args.input is None:  # a data set brings its own labels and normalization
+            raise ValueError(f"{flag} goes with --input X.npy, not with a data set (--dataset, --digits, --cifar)")
     if args.batch < 1:
         raise ValueError(f"--batch must be at least 1, got {args.batch}")
     if args.threads is not None:

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import re
 import sys
 import time
 from dataclasses import fields
 from pathlib import Path
 
-from refimpl.datasets import DATASETS, IDX, canonical_name, dataset_arg, read_idx_dataset
+from refimpl.cli import OneLineParser, nonnegative_int, positive_float, positive_int, refuse_with, seed_int
+from refimpl.datasets import DATASETS, canonical_name, dataset_arg
 
 from ..runlock import hold_run_dir
 from . import journal as jr
@@ -42,7 +43,7 @@ class CliError(Exception):
     pass
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(OneLineParser):
     def error(self, message):  # one line, exit 2, as argparse does, but without the usage block
         raise CliError(message)
 
@@ -61,14 +62,9 @@ def _ints(text):
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
-def _positive(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+_positive = positive_int
+# Flags that start or shape a new search, which --resume takes from the journal's folder instead.
+NEW_RUN_ONLY = ("run_dir", "preset")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,18 +75,20 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     a = p.add_argument
-    a("--preset", choices=sorted(PRESETS), default="digits",
-      help="digits: small CPU search; paper: CIFAR-10, ResNet-18, S=30, 15 epochs, the paper's thresholds, all GPUs")
+    a("--preset", choices=sorted(PRESETS),
+      help="digits (default): small CPU search; paper: CIFAR-10, ResNet-18, S=30, 15 epochs, the paper's thresholds, "
+           "all GPUs")
     g = p.add_argument_group("search")
     g.add_argument("--population", type=_positive, help="population size S (paper: 30)")
-    g.add_argument("--seed", type=int, help="GA seed (default 0)")
+    g.add_argument("--seed", type=seed_int, help="GA seed, 0..2**63-1 (default 0)")
     g.add_argument("--thresholds", type=_floats, help="early-rejection thresholds T as fractions, e.g. 0.11,0.25,0.35,0.40")
     g.add_argument("--threshold-steps", type=_ints,
                    help="evaluation index at which each threshold takes over, e.g. 0,100,200,300")
     g.add_argument("--max-evaluations", type=_positive, help="stop after this many candidates (cache hits count)")
     g.add_argument("--max-trainings", type=_positive, help="stop after this many trainings")
-    g.add_argument("--max-minutes", type=float,
-                   help="stop proposing after this many minutes (running trainings finish; --resume continues)")
+    g.add_argument("--max-minutes", type=positive_float,
+                   help="stop proposing after this many minutes, a finite number > 0 (running trainings finish; "
+                        "--resume continues)")
     g.add_argument("--patience", type=_positive, help="stop after K consecutive children fail to enter the population")
     g.add_argument("--paper-faithful", action="store_true",
                    help="Algorithm 1 as written: no cache, no functional equivalence, no screening (every "
@@ -112,12 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "or real (Bi-Real: average pool, full-precision 1x1 conv)")
     t.add_argument("--epochs", type=_positive, help="epochs of a full fitness training (paper: 15)")
     t.add_argument("--batch-size", type=_positive, help="batch size (default 128)")
-    t.add_argument("--lr", type=float, help="Adam learning rate, constant (default 5e-3)")
-    t.add_argument("--val-size", type=int, help="validation images held out of the training set (default: 10%% for digits, else 5000)")
+    t.add_argument("--lr", type=positive_float, help="Adam learning rate, constant, a finite number > 0 (default 5e-3)")
+    t.add_argument("--val-size", type=nonnegative_int,
+                   help="validation images held out of the training set, 0..(training images - 1) "
+                        "(default: 10%% for digits, else 5000)")
     t.add_argument("--train-size", type=_positive,
                    help="training images per fitness training, a seeded subset of the training split (default: all)")
-    t.add_argument("--train-seed", type=int, help="seed of every fitness training (default 0)")
-    t.add_argument("--device", help="auto, cpu or cuda (default auto)")
+    t.add_argument("--train-seed", type=seed_int, help="seed of every fitness training, 0..2**63-1 (default 0)")
+    t.add_argument("--device", help="auto, cpu, cuda or cuda:N (default auto)")
     t.add_argument("--fitness", help=argparse.SUPPRESS)  # testing: synthetic:SEED[,delay=S][,die_once=PATH]
     r = p.add_argument_group("running")
     r.add_argument("--workers", type=_positive, help="parallel workers (one per GPU; default: GPUs for --preset paper, else 1)")
@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serial (in process), local (worker processes), ray (actors; needs the [ray] extra)")
     r.add_argument("--ray-address", help="address of an existing Ray cluster (default: start a local one)")
     r.add_argument("--run-dir", help="where the journal and results go (default runs/search-DATASET-MODEL-TIME)")
-    r.add_argument("--resume", metavar="RUN_DIR", help="continue the search journaled in RUN_DIR")
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue the search journaled in RUN_DIR (with its settings; "
+                                                       "not with --run-dir or --preset)")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last stdout line")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -152,6 +153,7 @@ def _config_from_args(args) -> tuple[SearchConfig, Path, bool]:
         base = {k: v for k, v in stored.items() if k in known}
         base.update({k: v for k, v in explicit.items() if k in RUN_CONTROL})
         return SearchConfig(**base), run_dir, True
+    args.preset = args.preset or "digits"
     preset = dict(PRESETS[args.preset])
     if "dataset" in explicit and "model" not in explicit and explicit["dataset"] != preset["dataset"]:
         # Another data set without a model: the network the training code pairs with it.
@@ -195,8 +197,8 @@ def _validate(cfg: SearchConfig, download: bool = False) -> None:
             import ray  # noqa: F401
         except ImportError:
             raise CliError("--backend ray needs Ray: pip install 'bnn-measure-search[ray]'") from None
-    if cfg.device not in ("auto", "cpu", "cuda") and not cfg.device.startswith("cuda:"):
-        raise CliError(f"--device {cfg.device!r}: expected auto, cpu or cuda")
+    if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", cfg.device):
+        raise CliError(f"--device {cfg.device!r}: expected auto, cpu, cuda or cuda:N")
     for d in cfg.reuse:
         if not (Path(d) / jr.JOURNAL).exists():
             raise CliError(f"--reuse {d}: no {jr.JOURNAL} there")
@@ -208,7 +210,7 @@ def _validate_training(cfg: SearchConfig, download: bool = False) -> None:
     """Fail on a bad model, data set or data directory before any file is written; download
     a missing data set first if asked."""
     try:
-        from bnn.data import read_cifar
+        from bnn.data import check_split_sizes, read_arrays
         from bnn.train import TrainConfig
     except ImportError as exc:
         raise CliError(f"the training code (bnn.train) is not available: {exc}") from None
@@ -217,14 +219,13 @@ def _validate_training(cfg: SearchConfig, download: bool = False) -> None:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     try:
+        # Every fitness training's settings (seed range, lr, the device) are checked here, once.
         TrainConfig(model=cfg.model, dataset=cfg.dataset, measure="baseline", epochs=cfg.epochs,
-                    batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.train_seed, downsample=cfg.downsample).validate()
-        data_dir = cfg.data_dir if cfg.data_dir is not None else os.environ.get("BNN_DATA_DIR", "data")
-        # A missing or corrupt data set fails here, not in a worker.
-        if key in IDX:
-            read_idx_dataset(key, data_dir, download)
-        elif key != "digits":
-            read_cifar(key, data_dir, download)
+                    batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.train_seed, downsample=cfg.downsample,
+                    device=cfg.device, val_size=cfg.val_size, train_size=cfg.train_size).validate()
+        # A missing or corrupt data set, or a split it cannot hold, fails here, not in a worker.
+        train_y = read_arrays(key, cfg.data_dir, download)[1]
+        check_split_sizes(key, len(train_y), cfg.val_size, cfg.train_size)
     except Exception as exc:  # noqa: BLE001 - any of them is a bad input, reported in one line
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CliError(msg) from None
@@ -255,7 +256,10 @@ def main(argv=None) -> int:
     lock = None
     try:
         try:
-            args = build_parser().parse_args(argv)
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            refuse_with(parser.given(argv), "resume", NEW_RUN_ONLY,
+                        "--resume continues the search in its own folder with the journal's settings")
             lock = _lock_resumed(args)
             cfg, run_dir, resuming = _config_from_args(args)
             _validate(cfg, download=args.download)

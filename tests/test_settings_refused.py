@@ -1,0 +1,171 @@
+"""Settings that can never work are refused before anything runs or is written (issue 18 items 8
+and 11): one line naming the option, the bad value and the valid range, exit status 2, no
+traceback, no run folder. In process (``main(argv)`` is what ``python -m`` calls), so an exception
+escaping ``main`` is the traceback a user would see."""
+import argparse
+
+import pytest
+import torch
+
+from bnn import evidence, reproduce
+from bnn import train as bnn_train
+from bnn.search import cli as search_cli
+from refimpl import infer
+from refimpl.cli import parse_int, positive_float
+
+U64_MAX = "18446744073709551615"  # 2**64 - 1: past int64, which torch and NumPy seeds are
+DIGITS_TRAIN = 1437  # 1797 digits less the 360 of the test split (refimpl/datasets.py)
+NO_CUDA_9 = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() > 9,
+                               reason="this machine has a cuda:9")
+
+
+def _run(main, argv, capsys) -> tuple[int, list[str]]:
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own refusals exit from inside parse_args
+        code = exc.code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def _refused(main, argv, capsys, *words) -> str:
+    code, lines = _run(main, argv, capsys)
+    assert code == 2 and len(lines) == 1, lines
+    assert "Traceback" not in lines[0]
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The shared checkers (refimpl/cli.py)
+
+
+@pytest.mark.parametrize("text", ["-1", "1.5", "", "x", "٣", "３", "1e3", "2**3"])
+def test_parse_int_takes_ascii_whole_numbers_in_range_only(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="expected an integer >= 0"):
+        parse_int(text, 0)
+
+
+def test_parse_int_bounds_are_inclusive_and_name_the_range():
+    assert parse_int(" 7 ", 0, 7) == 7 and parse_int("0", 0, 7) == 0
+    with pytest.raises(argparse.ArgumentTypeError, match=r"in 0\.\.2\*\*63-1, got '" + U64_MAX):
+        parse_int(U64_MAX, 0, 2**63 - 1)
+
+
+@pytest.mark.parametrize("text", ["inf", "-inf", "nan", "0", "-1", "1e999", "x", "１"])
+def test_positive_float_refuses_what_is_not_finite_and_positive(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="finite number > 0"):
+        positive_float(text)
+    assert positive_float("5e-3") == 0.005
+
+
+# ---------------------------------------------------------------------------------------------
+# bnn.train
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--val-size", "-5"], ["--val-size", "'-5'", ">= 0"]),
+    (["--val-size", "99999"], ["val_size", "99999", f"0..{DIGITS_TRAIN - 1}"]),
+    (["--train-size", "99999"], ["train_size", "99999", "1.."]),
+    (["--seed", U64_MAX], ["--seed", U64_MAX, "0..2**63-1"]),
+    (["--seed", "-1"], ["--seed", "'-1'", "0..2**63-1"]),
+    (["--device", "tpu"], ["'tpu'", "auto, cpu, cuda or cuda:N"]),
+    pytest.param(["--device", "cuda:9"], ["cuda:9"], marks=NO_CUDA_9),
+    (["--lr", "inf"], ["--lr", "'inf'", "finite number > 0"]),
+    (["--lr", "nan"], ["--lr", "'nan'", "finite number > 0"]),
+    (["--lr", "0"], ["--lr", "finite number > 0"]),
+    (["--epochs", "0"], ["--epochs", "positive integer"]),
+    (["--epochs", "３"], ["--epochs", "positive integer"]),
+    (["--batch-size", "-2"], ["--batch-size", "positive integer"]),
+])
+def test_train_refuses_a_setting_before_making_its_run_folder(tmp_path, capsys, args, words):
+    out = tmp_path / "run"
+    _refused(bnn_train.main, ["--out", str(out), "--no-progress", *args], capsys, *words)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("extra", [["--measure", "M1"], ["--out", "elsewhere"], ["--seed", "0"], ["--lr", "0.1"]])
+def test_train_resume_with_a_setting_it_would_ignore_is_refused(tmp_path, capsys, extra):
+    _refused(bnn_train.main, ["--resume", str(tmp_path / "run"), *extra], capsys, "--resume", extra[0])
+    assert not (tmp_path / "run").exists() and not (tmp_path / "elsewhere").exists()
+
+
+def test_train_config_refuses_what_the_api_would_truncate_or_overflow():
+    for bad in (dict(seed=2**64 - 1), dict(lr=float("inf")), dict(lr=float("nan")), dict(epochs=2.5),
+                dict(val_size=-5), dict(device="tpu"), dict(gamma=float("nan"))):
+        with pytest.raises(ValueError, match=next(iter(bad)) if "device" not in bad else "tpu"):
+            bnn_train.TrainConfig(**bad).validate()
+
+
+# ---------------------------------------------------------------------------------------------
+# bnn.search (training fitness: the default)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--val-size", "-5"], ["--val-size", "'-5'"]),
+    (["--val-size", "99999"], ["val_size", "99999", f"0..{DIGITS_TRAIN - 1}"]),
+    (["--train-size", "99999"], ["train_size", "99999"]),
+    (["--train-seed", U64_MAX], ["--train-seed", U64_MAX, "0..2**63-1"]),
+    (["--seed", "-1"], ["--seed", "0..2**63-1"]),
+    (["--device", "tpu"], ["'tpu'", "cuda:N"]),
+    pytest.param(["--device", "cuda:9"], ["cuda:9"], marks=NO_CUDA_9),
+    (["--max-minutes", "inf"], ["--max-minutes", "'inf'", "finite number > 0"]),
+    (["--max-minutes", "nan"], ["--max-minutes", "'nan'"]),
+    (["--max-minutes", "-1"], ["--max-minutes", "'-1'"]),
+    (["--lr", "inf"], ["--lr", "'inf'"]),
+    (["--epochs", "0"], ["--epochs", "positive integer"]),
+])
+def test_search_refuses_a_setting_before_the_first_evaluation(tmp_path, capsys, args, words):
+    run = tmp_path / "run"
+    _refused(search_cli.main, ["--run-dir", str(run), "--no-progress", *args], capsys, *words)
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("extra", [["--run-dir", "new"], ["--preset", "digits"]])
+def test_search_resume_with_a_new_run_flag_is_refused(tmp_path, capsys, extra):
+    argv = ["--resume", str(tmp_path / "old"), *[str(tmp_path / v) if v == "new" else v for v in extra]]
+    _refused(search_cli.main, argv, capsys, "--resume", extra[0])
+    assert not (tmp_path / "new").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# bnn.reproduce and bnn.evidence
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--device", "tpu"], ["'tpu'"]),
+    (["--seed", U64_MAX], ["--seed", "0..2**63-1"]),
+    (["--epochs", "0"], ["--epochs", "positive integer"]),
+    (["--val-size", "-5"], ["--val-size", "'-5'"]),
+])
+def test_reproduce_refuses_a_setting_before_any_cell(tmp_path, capsys, args, words):
+    root = tmp_path / "root"
+    argv = ["--cells", "cifar10/nin/baseline", "--root", str(root), "--data-dir", str(tmp_path), "--no-progress"]
+    if "--epochs" not in args:
+        argv += ["--epochs", "1"]
+    _refused(reproduce.main, [*argv, *args], capsys, *words)
+    assert not root.exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--val-size", "99999"], ["val_size", "99999", f"0..{DIGITS_TRAIN - 1}"]),
+    (["--seeds", f"0,{U64_MAX}"], ["--seeds", U64_MAX, "0..2**63-1"]),
+    (["--lr", "inf"], ["--lr", "'inf'"]),
+    (["--device", "tpu"], ["'tpu'"]),
+    (["--jobs", "0"], ["--jobs", "positive integer"]),
+])
+def test_evidence_refuses_a_setting_before_making_its_root(tmp_path, capsys, args, words):
+    root = tmp_path / "root"
+    _refused(evidence.main, ["--dataset", "digits", "--epochs", "1", "--root", str(root), "--no-progress", *args],
+             capsys, *words)
+    assert not root.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# refimpl.infer: flags that a data set makes meaningless
+
+
+@pytest.mark.parametrize("extra, flag", [(["--labels", "y.npy"], "--labels"), (["--normalized"], "--normalized")])
+@pytest.mark.parametrize("source", [["--digits"], ["--dataset", "digits"], ["--cifar", "somewhere"]])
+def test_infer_refuses_input_only_flags_with_a_data_set(tmp_path, capsys, source, extra, flag):
+    _refused(infer.main, [str(tmp_path / "m.bnn"), *source, *extra], capsys, flag, "--input")
