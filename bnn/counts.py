@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from refimpl.counts import FLOAT32_EXACT_COUNT, window_output_size
+from refimpl.counts import FLOAT32_EXACT_COUNT, int_pair, window_output_size
 
 # ----------------------------------------------------------------------------------------------
 # The algebra, for one output position of a convolution (a dense layer is the 1x1 case).
@@ -75,12 +75,7 @@ from refimpl.counts import FLOAT32_EXACT_COUNT, window_output_size
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _pair(value, name: str) -> tuple[int, int]:
-    if isinstance(value, (tuple, list)):
-        if len(value) != 2:
-            raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
-        return int(value[0]), int(value[1])
-    return int(value), int(value)
+_pair = int_pair  # the golden path's check: 1.7 or "1" is refused, not truncated
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:

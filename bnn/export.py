@@ -74,7 +74,8 @@ def fold_batchnorm(bn: nn.BatchNorm2d) -> tuple[np.ndarray, np.ndarray]:
     channels = var.shape[0]
     gamma = bn.weight.detach().cpu().numpy().astype(f32) if bn.weight is not None else np.ones(channels, f32)
     beta = bn.bias.detach().cpu().numpy().astype(f32) if bn.bias is not None else np.zeros(channels, f32)
-    invstd = f32(1) / np.sqrt(var + f32(bn.eps))
+    with np.errstate(divide="ignore", invalid="ignore"):  # var + eps <= 0: export refuses it by name
+        invstd = f32(1) / np.sqrt(var + f32(bn.eps))
     scale = (invstd * gamma).astype(f32)
     shift = fma(-mean, scale, beta)
     return scale, shift
@@ -229,9 +230,28 @@ def export_model(model: nn.Module, path: str, *, mean=None, std=None, pixel_max=
         "source_sha256": source_sha256,
         "layers": layers,
     }
+    check_engine_accepts(meta, tensors, path)  # before the file is written, not when the engine loads it
     # Atomic and durable: a reader never sees a half-written file; a full disk keeps the old one.
     atomic_write_bytes(path, save(tensors, metadata={FORMAT: json.dumps(meta)}))
     return meta
+
+
+def check_engine_accepts(meta: dict, tensors: dict[str, np.ndarray], path: str) -> None:
+    """ValueError, one line, for a model the engine would refuse or could only run into inf/NaN: its
+    own reader (``refimpl.model_file.describe``) checks the metadata as the file will hold it (a
+    zero or negative input shape, an input std of 0), and every float tensor must be finite (a
+    BatchNorm whose running variance + eps is 0 folds to an infinite scale; a diverged run)."""
+    from refimpl import model_file
+
+    for name, t in tensors.items():
+        if t.dtype.kind == "f" and not np.isfinite(t).all():
+            what = "a folded BatchNorm: running_var + eps must be > 0 and finite" if name.endswith(
+                (".scale", ".shift")) else "a diverged run's weights"
+            raise ValueError(f"{path}: not written: tensor {name} holds non-finite values ({what})")
+    try:
+        model_file.describe(json.loads(json.dumps(meta)), tensors, path)  # the metadata as the file holds it
+    except model_file.ModelFileError as exc:
+        raise ValueError(f"{exc} (not written: the engine would refuse it)") from None
 
 
 def sha256_file(path: str) -> str:

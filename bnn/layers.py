@@ -9,6 +9,7 @@ import math
 import torch
 from torch import nn
 
+from refimpl.counts import int_pair
 from refimpl.genome import Genome
 
 from .counts import counts_conv2d, counts_dense
@@ -63,7 +64,9 @@ class BinaryConv2d(_BinaryMeasureLayer):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, measure="baseline"):
         super().__init__()
-        kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+        kh, kw = int_pair(kernel_size, "kernel_size")
+        for value, name in ((stride, "stride"), (padding, "padding"), (dilation, "dilation")):
+            int_pair(value, name)  # a stride of 1.7 or "1" is refused here, not truncated at the first forward
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size, self.stride, self.padding, self.dilation = (kh, kw), stride, padding, dilation
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels, kh, kw))

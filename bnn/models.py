@@ -29,6 +29,7 @@ arch, measure, num_classes, input_shape, downsample.
 """
 from __future__ import annotations
 
+import numpy as np
 from torch import nn
 
 from refimpl.genome import Genome
@@ -224,6 +225,13 @@ def build_model(arch, measure="baseline", num_classes=10, input_shape=(3, 32, 32
         raise ValueError(f"unknown model {arch!r}; choose one of {', '.join(MODELS)}")
     genome = Genome.parse(measure)  # ValueError naming the problem
     check_downsample(downsample)
+    # From a checkpoint's model_config: whole numbers only (28.5 or "28" is refused, not truncated).
+    ints = (int, np.integer)
+    if not (isinstance(num_classes, ints) and not isinstance(num_classes, bool) and num_classes >= 1):
+        raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
+    shape = tuple(input_shape)
+    if not (len(shape) == 3 and all(isinstance(v, ints) and not isinstance(v, bool) and v >= 1 for v in shape)):
+        raise ValueError(f"input_shape must be 3 positive integers (C, H, W), got {input_shape!r}")
     return MODELS[arch](measure=str(genome), num_classes=num_classes, input_shape=tuple(input_shape), binary=binary,
                         downsample=downsample)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import sys
 import threading
 
@@ -55,18 +56,19 @@ SEPARATE_LINES_MIN_POSITIONS = 64
 STAGE_ELEMENTS = 16384
 
 
-def _pair(value, name: str) -> tuple[int, int]:
-    if isinstance(value, (tuple, list)):
-        if len(value) != 2:
-            raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
-        pair = tuple(value)
-    else:
-        pair = (value, value)
+def int_pair(value, name: str) -> tuple[int, int]:
+    """A geometry value (an int or a pair of ints) as a pair of ints, or a ValueError: 1.7 is not
+    truncated to 1, nor "1" or True read as 1. ``bnn/counts.py`` checks with this too."""
+    pair = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
     try:
-        pair = tuple(int(v) for v in pair)
-    except (TypeError, ValueError):
+        if len(pair) != 2 or any(isinstance(v, (bool, np.bool_)) for v in pair):
+            raise TypeError
+        return tuple(operator.index(v) for v in pair)  # ints and NumPy integers, never floats or text
+    except TypeError:
         raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}") from None
-    return pair
+
+
+_pair = int_pair
 
 
 # --------------------------------------------------------------------------------------------

@@ -70,7 +70,9 @@ class Genome:
     # -- parsing ---------------------------------------------------------------------------------
     @classmethod
     def parse(cls, text: "str | Genome") -> "Genome":
-        """Parse canonical ``0-0-0-0-0-0-1``, the paper's ``0000001``, or a registered name."""
+        """Parse canonical ``0-0-0-0-0-0-1``, the paper's ``0000001``, or a registered name.
+
+        Codes are ASCII digits only: ``\\d`` and ``int`` would also read '٣' or '３'."""
         if isinstance(text, Genome):
             return text
         if not isinstance(text, str):
@@ -80,7 +82,7 @@ class Genome:
             raise ValueError("empty genome text; expected e.g. '0-0-0-0-0-0-1', '0000001' or 'M1'")
         if s.lower() in _REGISTERED_LOWER:
             return cls.parse(_REGISTERED_LOWER[s.lower()])
-        if re.fullmatch(r"\d{7}", s):
+        if re.fullmatch(r"[0-9]{7}", s):
             return cls(tuple(int(ch) for ch in s))
         if "-" in s:
             parts = s.split("-")
@@ -90,13 +92,13 @@ class Genome:
                     "(U1-U2-U3-U4-B1-B2-B3)"
                 )
             for i, p in enumerate(parts):
-                if not re.fullmatch(r"\d+", p):
+                if not re.fullmatch(r"[0-9]+", p):
                     raise ValueError(
                         f"genome {text!r}: code {SLOT_NAMES[i]} (position {i + 1}) is {p!r}, "
                         "not a non-negative integer"
                     )
             return cls(tuple(int(p) for p in parts))
-        if re.fullmatch(r"\d+", s):
+        if re.fullmatch(r"[0-9]+", s):
             raise ValueError(
                 f"genome {text!r} has {len(s)} digits; the 7-digit form needs exactly 7 single-digit "
                 "codes (use '-' between codes, e.g. '3-14-0-11-0-1-6')"

@@ -12,14 +12,17 @@ the target it is given. Four paths exist, from fastest to most portable:
 
 The host's best path is the default. ``REFIMPL_ISA=<path>`` (or ``host``) forces one, for
 measurements and for testing a lower path on a higher host; a path this CPU cannot execute is
-refused. Numba's own ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` are honoured when REFIMPL_ISA is
-unset. Numba's cache key holds the CPU name and features, so one cache serves every path.
+refused with ``IsaError`` when ``refimpl`` is imported; left uncaught (any command line: the import
+comes first), it is one ``error: ...`` line and exit status 2, not a traceback. Numba's own
+``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` are honoured when REFIMPL_ISA is unset. Numba's cache
+key holds the CPU name and features, so one cache serves every path.
 ``python -m refimpl.info`` prints the path in use.
 """
 from __future__ import annotations
 
 import os
 import platform
+import sys
 
 import llvmlite.binding as llvm
 import numba
@@ -47,6 +50,25 @@ _REQUIRES = {
     "avx2": ("avx2", "fma", "popcnt"),
     "portable": (),
 }
+
+
+class IsaError(ValueError):
+    """``REFIMPL_ISA`` names no kernel path, or one this CPU cannot execute."""
+
+
+def _one_line_if_uncaught(error: IsaError) -> None:
+    """Print ``error`` as one line and exit 2 if nothing catches it: the import that raises it
+    runs before any command line's own error handling (``python -m refimpl.info`` imports the
+    package first), and a setting the user typed deserves a line, not a traceback."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if value is not error:
+            return previous(kind, value, tb)
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2)
+
+    sys.excepthook = hook
 
 
 def _is_x86() -> bool:
@@ -108,12 +130,14 @@ def configure() -> None:
         if _is_x86() and "avx512f" in host_features():
             numba.config.CPU_FEATURES = llvm.get_host_cpu_features().flatten() + ",-prefer-256-bit"
         return
+    error = None
     if wanted not in PATHS:
-        raise ValueError(f"{ENV}={wanted!r} is not a kernel path; choose one of {', '.join(PATHS)} or host")
-    if wanted not in executable_paths():
-        raise ValueError(
-            f"{ENV}={wanted}: this CPU cannot execute that path (it can: {', '.join(executable_paths())})"
-        )
+        error = IsaError(f"{ENV}={wanted!r} is not a kernel path; choose one of {', '.join(PATHS)} or host")
+    elif wanted not in executable_paths():
+        error = IsaError(f"{ENV}={wanted}: this CPU cannot execute that path (it can: {', '.join(executable_paths())})")
+    if error is not None:
+        _one_line_if_uncaught(error)
+        raise error
     if not _is_x86():
         return  # the host target is the portable path there
     numba.config.CPU_NAME, numba.config.CPU_FEATURES = _TARGETS[wanted]

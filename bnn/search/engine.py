@@ -23,6 +23,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -149,6 +150,10 @@ class Search:
         """Replay the journal; returns how many proposals were in flight (re-dispatched by run)."""
         path = self.run_dir / jr.JOURNAL
         events, good = jr.read(path)
+        torn = path.stat().st_size - good
+        if torn:  # said, not silently cut: the user sees that a kill interrupted a write
+            print(f"{path}: line {len(events) + 1} is incomplete ({torn} bytes, cut short by a kill mid-write); "
+                  "it is dropped and what it recorded is computed again", file=sys.stderr, flush=True)
         for e in events[1:]:
             t = e.get("type")
             if t == "proposal":
