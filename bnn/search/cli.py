@@ -274,6 +274,9 @@ def main(argv=None) -> int:
         except (CliError, ValueError, jr.JournalError, OSError) as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:
+            print(f"{prog}: interrupted (Ctrl-C) before the first evaluation", file=sys.stderr)
+            return 130
         code = 0
         try:
             search.run()
@@ -288,6 +291,9 @@ def main(argv=None) -> int:
         except OSError as exc:  # results.json or search.png could not be written; the old ones are intact
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:  # a second Ctrl-C: the journal already holds every result
+            print(f"{prog}: interrupted while writing the report; continue with --resume {run_dir}", file=sys.stderr)
+            return 130
     finally:
         if lock is not None:
             lock.release()  # held until results.json is written: one writer per run folder

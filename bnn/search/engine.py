@@ -19,11 +19,14 @@ one would have: the resumed search ends exactly as an uninterrupted one (serial 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import signal
 import statistics
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,6 +45,8 @@ SEARCH_FIELDS = ("dataset", "model", "downsample", "epochs", "population", "seed
 # Fields that must match for another run's trainings to be reused (--reuse).
 TRAIN_FIELDS = ("dataset", "model", "downsample", "epochs", "batch_size", "lr", "val_size", "train_size", "train_seed",
                 "fitness")
+# Longest wait on a worker pool between two looks for a Ctrl-C (seconds).
+POLL_S = 1.0
 # What a journal written before a field existed computed: its start event lacks the key.
 JOURNAL_DEFAULTS = {"downsample": "binary", "train_size": None}
 
@@ -192,38 +197,50 @@ class Search:
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> str:
-        """Run until a stop condition; returns the stop reason. KeyboardInterrupt propagates after
-        the evaluator is closed (the journal is already consistent at every line)."""
+        """Run until a stop condition; returns the stop reason. KeyboardInterrupt (Ctrl-C)
+        propagates after the evaluator is closed (the journal is already consistent at every
+        line); see ``_CtrlC`` for where it is raised."""
         self.t_run = time.time()
-        self.evaluator = self._make_evaluator()
+        with _CtrlC() as ctrl_c:
+            self.evaluator = self._make_evaluator()
+            try:
+                self._loop(ctrl_c)
+            finally:
+                self.busy_s = getattr(self.evaluator, "busy_s", 0.0)
+                self.evaluator.close()
+                if self._bar is not None:
+                    self._bar.close()
+        return self.stop_reason
+
+    def _loop(self, ctrl_c: "_CtrlC") -> None:
         self._open_bar()
-        try:
-            for seq in sorted(self.ga.in_flight):  # resumed: what the killed process was running
-                self._dispatch(self.ga.in_flight[seq])
-            while True:
-                while self._has_free_slot():
-                    reason = self._should_stop()
-                    if reason:
-                        self.stop_reason = self.stop_reason or reason
-                        break
-                    p = self.ga.propose()
-                    self.proposals[p.seq] = p.to_dict()
-                    self.journal.append(_clean({"type": "proposal", **p.to_dict()}), sync=False)
-                    self._dispatch(p)
-                if not self.evaluator.outstanding:
-                    if any(self.parked.values()):  # cannot happen: parked jobs wait on an outstanding one
-                        raise RuntimeError("internal error: candidates wait on a training that is not running")
+        for seq in sorted(self.ga.in_flight):  # resumed: what the killed process was running
+            self._dispatch(self.ga.in_flight[seq])
+        while True:
+            ctrl_c.check()
+            while self._has_free_slot():
+                ctrl_c.check()
+                reason = self._should_stop()
+                if reason:
+                    self.stop_reason = self.stop_reason or reason
                     break
-                for seq, res in self.evaluator.poll():
-                    self._finish_training(seq, res)
-            self.stop_reason = self.stop_reason or self._should_stop() or "done"
-            self.journal.append({"type": "end", "reason": self.stop_reason, "time": time.time()})
-            return self.stop_reason
-        finally:
-            self.busy_s = getattr(self.evaluator, "busy_s", 0.0)
-            self.evaluator.close()
-            if self._bar is not None:
-                self._bar.close()
+                p = self.ga.propose()
+                self.proposals[p.seq] = p.to_dict()
+                self.journal.append(_clean({"type": "proposal", **p.to_dict()}), sync=False)
+                self._dispatch(p)
+            if not self.evaluator.outstanding:
+                if any(self.parked.values()):  # cannot happen: parked jobs wait on an outstanding one
+                    raise RuntimeError("internal error: candidates wait on a training that is not running")
+                break
+            # A pool is polled a second at a time, so the check above sees a Ctrl-C; a training
+            # in this process must be interrupted where it is.
+            in_process = getattr(self.evaluator, "trains_in_process", True)
+            with ctrl_c.interruptible() if in_process else contextlib.nullcontext():
+                done = self.evaluator.poll(timeout=POLL_S)
+            for seq, res in done:
+                self._finish_training(seq, res)
+        self.stop_reason = self.stop_reason or self._should_stop() or "done"
+        self.journal.append({"type": "end", "reason": self.stop_reason, "time": time.time()})
 
     def _has_free_slot(self) -> bool:
         ev = self.evaluator
@@ -372,6 +389,48 @@ class Search:
             "engine_overhead_ms_per_evaluation": (1000 * engine / done_here) if done_here > 0 else None,
             "run_dir": str(self.run_dir),
         })
+
+
+class _CtrlC:
+    """SIGINT while a search runs: always noted, raised as KeyboardInterrupt only at the top of the
+    engine's loop and inside a training that runs in this process. Raised anywhere else it could
+    be lost: Numba compiles the screening's measures through ctypes callbacks, which print and
+    swallow an exception, and a pool search then ran on for minutes as if nothing had happened
+    (so did its workers, restarted after the same Ctrl-C killed them during their imports). Nor
+    can it cut a journal line or a worker's start in half. Only the main thread can own the
+    handler; elsewhere SIGINT keeps its usual behaviour."""
+
+    def __init__(self):
+        self.requested = False
+        self._raise_now = False
+        self._previous = None
+
+    def __enter__(self) -> "_CtrlC":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handler(self, signum, frame) -> None:
+        self.requested = True
+        if self._raise_now:
+            raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def interruptible(self):
+        self.check()
+        self._raise_now = True
+        try:
+            yield
+        finally:
+            self._raise_now = False
 
 
 def _visible_gpus() -> list[str]:

@@ -1,14 +1,21 @@
 """Where candidates are trained, behind one small interface.
 
 ``submit(job)`` hands a job (a dict with ``seq``, ``genome``, ``reject_below``) to a free slot;
-``poll()`` blocks until at least one finishes and returns ``[(seq, result), ...]``; ``slots`` is
-how many jobs may run at once. A result is always a dict (``Worker.run`` turns exceptions into
-``status: "error"``), so one bad candidate never stops the search.
+``poll(timeout=None)`` returns ``[(seq, result), ...]`` of finished jobs, blocking until one
+finishes; the pools return ``[]`` after ``timeout`` seconds without one (the engine polls in
+short slices, to see a Ctrl-C between them), while the serial evaluator runs the job itself
+(``trains_in_process``); ``slots`` is how many jobs may run at once; ``close()`` ends the workers, dropping a job still running (the
+engine closes with jobs out only when interrupted; resume re-runs them). A result is always a
+dict (``Worker.run`` turns exceptions into ``status: "error"``), so one bad candidate never stops
+the search.
 
 * ``SerialEvaluator``: in this process, one job at a time (the default; exactly Algorithm 1).
 * ``LocalPoolEvaluator``: N spawned processes, one per GPU through ``CUDA_VISIBLE_DEVICES``, each
   loading the data set once. A worker process that dies is restarted and its job retried; a
   worker dies with the search (``die_with_parent``), so a SIGKILLed search leaves none behind.
+  Ctrl-C is the search's alone: a terminal sends SIGINT to the whole process group, and a worker
+  starts with SIGINT blocked (``_sigint_blocked``) and ignores it once running, so none dies in
+  the middle of its imports and is restarted while the search stops.
 * ``RayEvaluator``: one long-lived actor per GPU (or per CPU worker when the cluster has none);
   Ray restarts a dead actor and retries the task on it.
 """
@@ -32,6 +39,7 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 class SerialEvaluator:
     slots = 1
+    trains_in_process = True
 
     def __init__(self, fitness_spec: str, train: dict):
         self.worker = Worker(fitness_spec, train)
@@ -41,8 +49,8 @@ class SerialEvaluator:
     def submit(self, job: dict) -> None:
         self.queue.append(job)
 
-    def poll(self) -> list[tuple[int, dict]]:
-        job = self.queue.pop(0)
+    def poll(self, timeout: float | None = None) -> list[tuple[int, dict]]:
+        job = self.queue.pop(0)  # run here, to the end: the engine lets Ctrl-C interrupt it
         t0 = time.perf_counter()
         res = self.worker.run(job)
         self.busy_s += time.perf_counter() - t0
@@ -98,12 +106,30 @@ def watch_liveness_pipe(alive) -> None:
     threading.Thread(target=_exit_when_closed, args=(alive,), name="parent-liveness", daemon=True).start()
 
 
+@contextlib.contextmanager
+def _sigint_blocked():
+    """SIGINT held pending in this thread while worker processes start. A child inherits the
+    blocked mask through fork and exec, so a Ctrl-C cannot kill it during its imports (seconds
+    for torch), before ``_pool_main`` ignores SIGINT; the search gets its own SIGINT as soon as
+    the mask is restored. CPython's resource tracker starts itself the same way."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no process groups to signal
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _pool_main(fitness_spec, train, jobs, results, parent_pid=None, alive=None):
     # Runs in a spawned child whose CUDA_VISIBLE_DEVICES was set before it started, so the one
     # GPU it sees is "cuda:0" and torch never initializes the others.
     if alive is not None:
         die_with_parent(parent_pid, alive)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes us
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked since start; now ignored
     worker = Worker(fitness_spec, train)
     while True:
         job = jobs.get()
@@ -113,6 +139,8 @@ def _pool_main(fitness_spec, train, jobs, results, parent_pid=None, alive=None):
 
 
 class LocalPoolEvaluator:
+    trains_in_process = False
+
     def __init__(self, fitness_spec: str, train: dict, workers: int, gpus: list[str]):
         self.ctx = mp.get_context("spawn")  # fork after torch/numba threads start is unsafe
         self.spec, self.train, self.gpus = fitness_spec, dict(train), gpus
@@ -142,7 +170,8 @@ class LocalPoolEvaluator:
             theirs, ours = self.ctx.Pipe(duplex=False)
             p = self.ctx.Process(target=_pool_main, args=(self.spec, self.train, inbox, self.results, os.getpid(),
                                                           theirs), daemon=True)
-            p.start()
+            with _sigint_blocked():
+                p.start()
             theirs.close()  # the worker holds the only other end: EOF there means we are gone
         finally:
             for k, v in old.items():
@@ -166,29 +195,31 @@ class LocalPoolEvaluator:
         self.running[i] = job
         self.inboxes[i].put(job)
 
-    def poll(self) -> list[tuple[int, dict]]:
+    def poll(self, timeout: float | None = None) -> list[tuple[int, dict]]:
+        end = None if timeout is None else time.monotonic() + timeout
         while True:
             # Checked on every poll, not only when results stop coming: otherwise a dead worker
             # hides behind a busy one until the end of the run.
             self._check_dead()
             try:
-                seq, res = self.results.get(timeout=1.0)
+                out = [self.results.get(timeout=1.0 if end is None else max(0.0, min(1.0, end - time.monotonic())))]
+                break
             except queue.Empty:
-                continue
-            out = [(seq, res)]
-            while True:  # drain whatever else finished meanwhile
-                try:
-                    out.append(self.results.get_nowait())
-                except queue.Empty:
-                    break
-            for s, r in out:
-                for i, j in enumerate(self.running):
-                    if j is not None and j["seq"] == s:
-                        self.running[i] = None
-                self.busy_s += float(r.get("wall_s") or 0.0)
-            while self.backlog and None in self.running:
-                self.submit(self.backlog.pop(0))
-            return out
+                if end is not None and time.monotonic() >= end:
+                    return []
+        while True:  # drain whatever else finished meanwhile
+            try:
+                out.append(self.results.get_nowait())
+            except queue.Empty:
+                break
+        for s, r in out:
+            for i, j in enumerate(self.running):
+                if j is not None and j["seq"] == s:
+                    self.running[i] = None
+            self.busy_s += float(r.get("wall_s") or 0.0)
+        while self.backlog and None in self.running:
+            self.submit(self.backlog.pop(0))
+        return out
 
     def _check_dead(self) -> None:
         for i, p in enumerate(self.procs):
@@ -208,18 +239,26 @@ class LocalPoolEvaluator:
                                                "epochs": 0, "error": f"worker process died {n + 1} times"}))
 
     def close(self) -> None:
+        """Idle workers get the stop job and 5 s to exit; a worker still on a job (the search was
+        interrupted) is killed at once: its result would be dropped anyway, and a training does
+        not look at its inbox until it ends, minutes later. Every worker is gone on return."""
         for i, p in enumerate(self.procs):
-            if p is not None and p.is_alive():
-                try:
-                    self.inboxes[i].put(None)
-                except Exception:  # noqa: BLE001 - best effort at shutdown
-                    pass
+            if p is None or not p.is_alive():
+                continue
+            if self.running[i] is not None:
+                p.kill()
+                continue
+            try:
+                self.inboxes[i].put(None)
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                p.kill()
         deadline = time.time() + 5
         for p in self.procs:
             if p is not None:
                 p.join(max(0.0, deadline - time.time()))
                 if p.is_alive():
                     p.kill()
+                    p.join(5)  # reaped: no worker outlives close()
         for c in self.alive:
             if c is not None:
                 c.close()
@@ -284,6 +323,8 @@ def start_local_ray(num_cpus: int) -> str:
 
 
 class RayEvaluator:
+    trains_in_process = False
+
     def __init__(self, fitness_spec: str, train: dict, workers: int | None, address: str | None):
         import ray
 
@@ -321,8 +362,8 @@ class RayEvaluator:
             return
         self.running[self.actors[free[0]].run.remote(job)] = (free[0], job)
 
-    def poll(self) -> list[tuple[int, dict]]:
-        ready, _ = self.ray.wait(list(self.running), num_returns=1)
+    def poll(self, timeout: float | None = None) -> list[tuple[int, dict]]:
+        ready, _ = self.ray.wait(list(self.running), num_returns=1, timeout=timeout)
         out = []
         for ref in ready:
             i, job = self.running.pop(ref)
