@@ -94,6 +94,7 @@ def test_code_planted_in_the_cache_never_runs(tmp_path, monkeypatch, fresh_loads
         py.write_text(evil)
     header = _timestamp_header(py) if planted.startswith("timestamp") else _unchecked_hash_header()
     pyc = importlib.util.cache_from_source(str(py))
+    os.makedirs(os.path.dirname(pyc), exist_ok=True)  # absent when NUMBA_CACHE_DIR keeps Numba's files elsewhere
     with open(pyc, "wb") as f:
         f.write(_pyc(evil, str(py), header))
 
