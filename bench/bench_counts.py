@@ -47,10 +47,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import refimpl  # noqa: E402
-from refimpl import blocked, info, isa  # noqa: E402
+from refimpl import info, isa  # noqa: E402
 from refimpl._jit import jit  # noqa: E402
-from refimpl.bits import pack_bits, pack_nchw  # noqa: E402
-from refimpl.counts import _address, _finish_rows, _fresh_outputs, counts_conv2d_packed  # noqa: E402
+from refimpl.kernels import blocked  # noqa: E402
+from refimpl.kernels.bits import pack_bits, pack_nchw  # noqa: E402
+from refimpl.kernels.counts import counts_conv2d_packed  # noqa: E402
+from refimpl.kernels.fused import finish_rows  # noqa: E402
+from refimpl.kernels.outputs import address, fresh_outputs  # noqa: E402
 
 LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, spatial) of ResNet-18's 3x3 convs
 
@@ -124,13 +127,13 @@ def interleaved_times(variants: dict, rounds: int, repeats: int) -> dict[str, np
 
 
 # The project's factory, so it compiles as the kernel it mirrors; not cached: Numba's own cache
-# (this file is outside refimpl's stamp) would not see a change to refimpl's _finish_rows.
+# (this file is outside refimpl's stamp) would not see a change to refimpl's finish_rows.
 @jit(parallel=True, cache=False)
 def _write_outputs_only(stage, positions, n_out, px, pw, n, a, b, c, d, misaligned):
     # every (image, channel) row through the fused kernel's own output stage, from a zero ``a``
     ld = stage.shape[0] // n_out
     for img in numba.prange(px.shape[0] // positions):
-        _finish_rows(stage, ld, 0, n_out, n_out, img, 0, 0, positions, positions, n_out, px, pw, n, a, b, c, d,
+        finish_rows(stage, ld, 0, n_out, n_out, img, 0, 0, positions, positions, n_out, px, pw, n, a, b, c, d,
                      misaligned, True)
 
 
@@ -176,8 +179,8 @@ def main(argv=None) -> int:
         zeros_n = np.zeros(positions, dtype=np.int64)
 
         def outputs_alone():
-            flats = [t.reshape(-1) for t in _fresh_outputs((n, channels, size, size))]
-            misaligned = np.array([_address(t) % 64 // 8 for t in flats], dtype=np.int64)
+            flats = [t.reshape(-1) for t in fresh_outputs((n, channels, size, size))]
+            misaligned = np.array([address(t) % 64 // 8 for t in flats], dtype=np.int64)
             _write_outputs_only(stage, positions, channels, zeros_x, zeros_w, zeros_n, *flats, misaligned)
 
         with torch.inference_mode():

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from refimpl.counts import FLOAT32_EXACT_COUNT, int_pair, window_output_size
+from refimpl.kernels.geometry import FLOAT32_EXACT_COUNT, int_pair, window_output_size
 
 # ----------------------------------------------------------------------------------------------
 # The algebra, for one output position of a convolution (a dense layer is the 1x1 case).
@@ -73,9 +73,6 @@ from refimpl.counts import FLOAT32_EXACT_COUNT, int_pair, window_output_size
 # ----------------------------------------------------------------------------------------------
 
 _HALF = (torch.float16, torch.bfloat16)
-
-
-_pair = int_pair  # the golden path's check: 1.7 or "1" is refused, not truncated
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -274,7 +271,8 @@ def counts_conv2d(x: torch.Tensor, w: torch.Tensor, stride=1, padding=0, dilatio
         raise ValueError(f"w must be OIHW (4-D), got shape {tuple(w.shape)}")
     if x.shape[1] != w.shape[1]:
         raise ValueError(f"x has {x.shape[1]} channels but w expects {w.shape[1]} (groups=1 only)")
-    stride, padding, dilation = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
+    stride, padding, dilation = (int_pair(v, name) for v, name in ((stride, "stride"), (padding, "padding"),
+                                                                   (dilation, "dilation")))
     if min(stride) < 1 or min(dilation) < 1:
         raise ValueError(f"stride and dilation must be >= 1, got stride={stride}, dilation={dilation}")
     if min(padding) < 0:

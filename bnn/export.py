@@ -1,29 +1,10 @@
 """Export a trained BNN for the CPU engine: ``python -m bnn.export CHECKPOINT -o MODEL.bnn``.
 
-The file is a safetensors archive (``safetensors.numpy.load_file`` reads it without torch) whose
-metadata holds one JSON document under the key ``"bnn-measure"`` (``FORMAT``):
-
-* ``format`` (``"bnn-measure"``), ``version`` (``VERSION``);
-* ``genome`` (canonical text) and ``arch``, ``num_classes``, ``input_shape``;
-* ``downsample``: ``"binary"`` or ``"real"`` (docs/design.md section 6); a file without it is binary;
-* ``input``: normalization ``(pixel - mean[c]) / std[c]`` in raw pixel units, ``pixel_max``;
-* ``class_names``; ``source_sha256`` of the checkpoint it came from (or null);
-* ``layers``: the network in execution order, each entry naming its tensors (see
-  ``_describe``); ``refimpl.engine`` runs exactly this list.
-
-Tensors: binary weights as uint64 words ``(O, KH, KW, ceil(I/64))`` (docs/design.md section 1: bit 1 is
-``w >= 0``, channels packed along the last axis, the OHWI layout the popcount kernel reads);
-``alpha`` float32 ``(4, O)``; every BatchNorm folded into float32 ``scale``/``shift`` per
-channel; the full-precision stem weight and the classifier in float32.
-
-A ``binary_unit``'s ``residual`` is ``none``, ``identity``, ``down`` (a binary 1x1 convolution
-described like ``conv``) or ``real`` (Bi-Real): ``shortcut`` names ``pool`` ``[k, k]``, an average
-pool of kernel and stride k in ceil mode, each window divided by its in-bounds pixels (``[1, 1]``:
-none), then a full-precision 1x1 convolution, ``TENSORS.weight`` float32 ``(O, I, 1, 1)``, and its
-folded BatchNorm, ``TENSORS.scale`` and ``TENSORS.shift``.
-
-Binary weights in float would be 32 bits each; packed they are 1 bit, plus at most 63 bits of
-tail per (output, tap) row.
+The file format, its name, version and layer records are refimpl's (``refimpl/engine/format.py``
+documents them): this module turns a ``bnn.models.BNNet`` into those records, folding every
+BatchNorm as torch computes it and packing the binary weights, and has the engine's reader check
+the result (``refimpl/engine/model_file.py``) before anything is written, so it never writes a
+file the engine refuses.
 """
 from __future__ import annotations
 
@@ -36,17 +17,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from refimpl._fma import fma
-from refimpl.bits import pack_bits
 from refimpl.cli import OneLineParser
+from refimpl.engine import format as fmt
+from refimpl.engine.model_file import ModelFileError, describe
 from refimpl.fileio import atomic_write_bytes, check_output, refuse_non_regular
 from refimpl.genome import Genome
+from refimpl.kernels.bits import pack_bits
+from refimpl.kernels.fma import fma
+from refimpl.kernels.geometry import int_pair
 
 from .layers import BinaryConv2d
 from .models import BinaryUnit, build_model
-
-FORMAT = "bnn-measure"
-VERSION = 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -58,7 +39,7 @@ VERSION = 1
 #           = y * scale + shift,   scale = gamma / sqrt(var + eps),   shift = beta - mean * scale
 #
 # The float32 operations are the ones PyTorch's CPU kernel performs (measured on torch 2.13, see
-# refimpl/_fma.py): invstd = 1 / sqrt(var + eps), scale = invstd * gamma, and with fused
+# refimpl/kernels/fma.py): invstd = 1 / sqrt(var + eps), scale = invstd * gamma, and with fused
 # multiply-adds shift = fma(-mean, scale, beta), bn(y) = fma(y, scale, shift). Reproducing them
 # keeps the engine's BatchNorm bit-identical to torch's. That matters beyond the 1e-4 logit
 # tolerance: an activation one ulp on the other side of zero flips a sign bit, and then the next
@@ -85,90 +66,77 @@ def _f32(t: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(t.detach().cpu().numpy().astype(np.float32))
 
 
-def _pair(v) -> list[int]:
-    return [int(v), int(v)] if isinstance(v, int) else [int(u) for u in v]
+def _geometry(m) -> dict:
+    """kernel, stride, padding, dilation of a torch convolution, as pairs."""
+    return {key: int_pair(getattr(m, key if key != "kernel" else "kernel_size"), key)
+            for key in ("kernel", "stride", "padding", "dilation")}
 
 
-def _binary_conv(prefix: str, conv: BinaryConv2d, bn: nn.BatchNorm2d, tensors: dict) -> dict:
+def _binary_conv(prefix: str, conv: BinaryConv2d, bn: nn.BatchNorm2d) -> fmt.BinaryConv:
     w = conv.weight.detach().cpu().numpy()
-    # OIHW -> OHWI, packed along I: (O, KH, KW, ceil(I/64)) uint64, bit 1 = w >= 0.
-    tensors[f"{prefix}.bits"] = pack_bits(np.moveaxis(w, 1, -1))
-    tensors[f"{prefix}.alpha"] = _f32(conv.alpha)
     scale, shift = fold_batchnorm(bn)
-    tensors[f"{prefix}.scale"], tensors[f"{prefix}.shift"] = scale, shift
-    return {
-        "tensors": prefix,
-        "in_channels": int(conv.in_channels),
-        "out_channels": int(conv.out_channels),
-        "kernel": _pair(conv.kernel_size),
-        "stride": _pair(conv.stride),
-        "padding": _pair(conv.padding),
-        "dilation": _pair(conv.dilation),
-    }
+    # OIHW -> OHWI, packed along I: (O, KH, KW, ceil(I/64)) uint64, bit 1 = w >= 0.
+    return fmt.BinaryConv(name=prefix, in_channels=int(conv.in_channels), out_channels=int(conv.out_channels),
+                          **_geometry(conv), bits=pack_bits(np.moveaxis(w, 1, -1)), alpha=_f32(conv.alpha),
+                          scale=scale, shift=shift)
 
 
-def _real_shortcut(prefix: str, unit: BinaryUnit, tensors: dict) -> dict:
+def _real_shortcut(prefix: str, unit: BinaryUnit) -> fmt.RealShortcut:
     """The Bi-Real shortcut: avg-pool (parameter-free), full-precision 1x1 conv, folded BatchNorm."""
     conv, pool = unit.down_conv, unit.down_pool
-    if (_pair(conv.kernel_size) != [1, 1] or _pair(conv.stride) != [1, 1] or _pair(conv.padding) != [0, 0]
-            or conv.bias is not None or conv.groups != 1):
+    if (int_pair(conv.kernel_size, "kernel") != (1, 1) or int_pair(conv.stride, "stride") != (1, 1)
+            or int_pair(conv.padding, "padding") != (0, 0) or conv.bias is not None or conv.groups != 1):
         raise ValueError(f"{prefix}: the real shortcut must be a bias-free 1x1 nn.Conv2d with stride 1 (bnn.models)")
-    k = [1, 1]
+    k = (1, 1)
     if pool is not None:
-        k = _pair(pool.kernel_size)
-        if (not isinstance(pool, nn.AvgPool2d) or _pair(pool.stride) != k or _pair(pool.padding) != [0, 0]
-                or not pool.ceil_mode or pool.divisor_override is not None):
+        k = int_pair(pool.kernel_size, "kernel")
+        if (not isinstance(pool, nn.AvgPool2d) or int_pair(pool.stride, "stride") != k
+                or int_pair(pool.padding, "padding") != (0, 0) or not pool.ceil_mode or pool.divisor_override is not None):
             raise ValueError(f"{prefix}: the real shortcut's pool must be AvgPool2d(k, k, ceil_mode=True) (bnn.models)")
-    tensors[f"{prefix}.weight"] = _f32(conv.weight)
-    tensors[f"{prefix}.scale"], tensors[f"{prefix}.shift"] = fold_batchnorm(unit.down_bn)
-    return {"tensors": prefix, "in_channels": int(conv.in_channels), "out_channels": int(conv.out_channels),
-            "pool": k}
+    scale, shift = fold_batchnorm(unit.down_bn)
+    return fmt.RealShortcut(name=prefix, in_channels=int(conv.in_channels), out_channels=int(conv.out_channels),
+                            pool=k, weight=_f32(conv.weight), scale=scale, shift=shift)
 
 
-def _pool(kind: str, m) -> dict:
+def _pool(kind: str, m) -> fmt.Pool:
     if getattr(m, "ceil_mode", False):
         raise ValueError(f"{kind} with ceil_mode=True is not supported by the engine")
-    if kind == "maxpool2d" and _pair(m.dilation) != [1, 1]:
+    if kind == "maxpool2d" and int_pair(m.dilation, "dilation") != (1, 1):
         raise ValueError("max-pool with dilation is not supported by the engine")
     if kind == "avgpool2d" and m.divisor_override is not None:
         raise ValueError("avg-pool with divisor_override is not supported by the engine")
-    out = {"op": kind, "kernel": _pair(m.kernel_size),
-           "stride": _pair(m.stride if m.stride is not None else m.kernel_size), "padding": _pair(m.padding)}
-    if kind == "avgpool2d":
-        out["count_include_pad"] = bool(m.count_include_pad)
-    return out
+    return fmt.Pool(op=kind, kernel=int_pair(m.kernel_size, "kernel"),
+                    stride=int_pair(m.stride if m.stride is not None else m.kernel_size, "stride"),
+                    padding=int_pair(m.padding, "padding"),
+                    count_include_pad=bool(getattr(m, "count_include_pad", True)))
 
 
-def _describe(model: nn.Module) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """The layer list in execution order and the tensors it names (models.py's flat layout)."""
-    tensors: dict[str, np.ndarray] = {}
+def _unit(i: int, m: BinaryUnit) -> fmt.BinaryUnit:
+    if not isinstance(m.conv, BinaryConv2d):
+        raise ValueError(f"body.{i} is not binary (a float model cannot be exported to the binary engine)")
+    conv = _binary_conv(f"body.{i}.conv", m.conv, m.bn)
+    if not m.residual:
+        return fmt.BinaryUnit(name=f"body.{i}", conv=conv, residual="none")
+    if m.down_conv is None:
+        return fmt.BinaryUnit(name=f"body.{i}", conv=conv, residual="identity")
+    if not isinstance(m.down_conv, BinaryConv2d):
+        return fmt.BinaryUnit(name=f"body.{i}", conv=conv, residual="real",
+                              shortcut=_real_shortcut(f"body.{i}.down_conv", m))
+    return fmt.BinaryUnit(name=f"body.{i}", conv=conv, residual="down",
+                          down=_binary_conv(f"body.{i}.down_conv", m.down_conv, m.down_bn))
+
+
+def _layers(model: nn.Module) -> list:
+    """The model's layer records in execution order (models.py's flat layout)."""
     stem = model.stem
     if stem.bias is not None or stem.groups != 1:
         raise ValueError("the stem must be a bias-free, groups=1 nn.Conv2d (bnn.models layout)")
-    tensors["stem.weight"] = _f32(stem.weight)
-    tensors["stem.scale"], tensors["stem.shift"] = fold_batchnorm(model.stem_bn)
-    layers = [{
-        "op": "stem", "tensors": "stem",
-        "in_channels": int(stem.in_channels), "out_channels": int(stem.out_channels),
-        "kernel": _pair(stem.kernel_size), "stride": _pair(stem.stride),
-        "padding": _pair(stem.padding), "dilation": _pair(stem.dilation),
-    }]
+    scale, shift = fold_batchnorm(model.stem_bn)
+    layers = [fmt.Stem(name="stem", in_channels=int(stem.in_channels), out_channels=int(stem.out_channels),
+                       **_geometry(stem), weight=_f32(stem.weight), scale=scale, shift=shift)]
     for i, m in enumerate(model.body):
         if isinstance(m, BinaryUnit):
-            if not isinstance(m.conv, BinaryConv2d):
-                raise ValueError(f"body.{i} is not binary (a float model cannot be exported to the binary engine)")
-            unit = {"op": "binary_unit", "name": f"body.{i}", "conv": _binary_conv(f"body.{i}.conv", m.conv, m.bn, tensors)}
-            if not m.residual:
-                unit["residual"] = "none"
-            elif m.down_conv is None:
-                unit["residual"] = "identity"
-            elif not isinstance(m.down_conv, BinaryConv2d):
-                unit["residual"] = "real"
-                unit["shortcut"] = _real_shortcut(f"body.{i}.down_conv", m, tensors)
-            else:
-                unit["residual"] = "down"
-                unit["down"] = _binary_conv(f"body.{i}.down_conv", m.down_conv, m.down_bn, tensors)
-            layers.append(unit)
+            layers.append(_unit(i, m))
         elif isinstance(m, nn.MaxPool2d):
             layers.append(_pool("maxpool2d", m))
         elif isinstance(m, nn.AvgPool2d):
@@ -176,12 +144,11 @@ def _describe(model: nn.Module) -> tuple[list[dict], dict[str, np.ndarray]]:
         else:
             raise ValueError(f"body.{i} is a {type(m).__name__}; the engine runs BinaryUnit, MaxPool2d, AvgPool2d")
     cls = model.classifier
-    tensors["classifier.weight"] = _f32(cls.weight)
-    tensors["classifier.bias"] = _f32(cls.bias) if cls.bias is not None else np.zeros(cls.out_features, np.float32)
-    layers.append({"op": "global_avgpool"})
-    layers.append({"op": "linear", "tensors": "classifier",
-                   "in_features": int(cls.in_features), "out_features": int(cls.out_features)})
-    return layers, tensors
+    bias = _f32(cls.bias) if cls.bias is not None else np.zeros(cls.out_features, np.float32)
+    layers.append(fmt.GlobalAvgPool())
+    layers.append(fmt.Linear(name="classifier", in_features=int(cls.in_features), out_features=int(cls.out_features),
+                             weight=_f32(cls.weight), bias=bias))
+    return layers
 
 
 def export_model(model: nn.Module, path: str, *, mean=None, std=None, pixel_max=None, class_names=None,
@@ -196,9 +163,9 @@ def export_model(model: nn.Module, path: str, *, mean=None, std=None, pixel_max=
     config = dict(getattr(model, "config", {}))
     if "measure" not in config:
         raise ValueError("model has no .config with a measure; build it with bnn.models")
-    genome = str(Genome.parse(config["measure"]))
+    genome = Genome.parse(config["measure"])
     for m in model.modules():
-        if isinstance(m, BinaryConv2d) and str(m.genome) != genome:
+        if isinstance(m, BinaryConv2d) and str(m.genome) != str(genome):
             raise ValueError(f"binary layer has genome {m.genome}, model config says {genome}; one genome per network")
     in_ch = int(model.stem.in_channels)
     mean = [0.0] * in_ch if mean is None else [float(v) for v in mean]
@@ -209,48 +176,37 @@ def export_model(model: nn.Module, path: str, *, mean=None, std=None, pixel_max=
     names = [str(i) for i in range(num_classes)] if class_names is None else [str(n) for n in class_names]
     if len(names) != num_classes:
         raise ValueError(f"{len(names)} class names for {num_classes} classes")
-    layers, tensors = _describe(model)
+    layers = _layers(model)
     downsample = config.get("downsample", "binary")
-    wrong = {"binary": "real", "real": "down"}.get(downsample, "?")
-    if downsample not in ("binary", "real") or any(layer.get("residual") == wrong for layer in layers):
+    wrong = fmt.FOREIGN_SHORTCUT.get(downsample)
+    if downsample not in fmt.DOWNSAMPLE_KINDS or any(getattr(layer, "residual", None) == wrong for layer in layers):
         raise ValueError(f"model.config says downsample={downsample!r}, which its shortcuts are not; "
                          "build the model with bnn.models and one downsample kind")
-    meta = {
-        "format": FORMAT,
-        "version": VERSION,
-        "arch": config.get("arch"),
-        "genome": genome,
-        "num_classes": num_classes,
-        "input_shape": [int(v) for v in config.get("input_shape", [in_ch, 0, 0])],
-        "downsample": downsample,
-        "input": {"mean": mean, "std": std, "pixel_max": pixel_max,
-                  "normalization": "(pixel - mean[c]) / std[c], raw pixel units"},
-        "dataset": dataset,
-        "class_names": names,
-        "source_sha256": source_sha256,
-        "layers": layers,
-    }
+    description = fmt.Description(
+        genome=genome, input_shape=tuple(config.get("input_shape", [in_ch, 0, 0])), num_classes=num_classes,
+        class_names=names, mean=mean, std=std, pixel_max=pixel_max, downsample=downsample, layers=layers,
+        arch=config.get("arch"), dataset=dataset, source_sha256=source_sha256,
+    )
+    meta, tensors = description.metadata(), description.tensors()
     check_engine_accepts(meta, tensors, path)  # before the file is written, not when the engine loads it
     # Atomic and durable: a reader never sees a half-written file; a full disk keeps the old one.
-    atomic_write_bytes(path, save(tensors, metadata={FORMAT: json.dumps(meta)}))
+    atomic_write_bytes(path, save(tensors, metadata={fmt.FORMAT: json.dumps(meta)}))
     return meta
 
 
 def check_engine_accepts(meta: dict, tensors: dict[str, np.ndarray], path: str) -> None:
     """ValueError, one line, for a model the engine would refuse or could only run into inf/NaN: its
-    own reader (``refimpl.model_file.describe``) checks the metadata as the file will hold it (a
+    own reader (``refimpl.engine.model_file.describe``) checks the metadata as the file will hold it (a
     zero or negative input shape, an input std of 0), and every float tensor must be finite (a
     BatchNorm whose running variance + eps is 0 folds to an infinite scale; a diverged run)."""
-    from refimpl import model_file
-
     for name, t in tensors.items():
         if t.dtype.kind == "f" and not np.isfinite(t).all():
             what = "a folded BatchNorm: running_var + eps must be > 0 and finite" if name.endswith(
                 (".scale", ".shift")) else "a diverged run's weights"
             raise ValueError(f"{path}: not written: tensor {name} holds non-finite values ({what})")
     try:
-        model_file.describe(json.loads(json.dumps(meta)), tensors, path)  # the metadata as the file holds it
-    except model_file.ModelFileError as exc:
+        describe(json.loads(json.dumps(meta)), tensors, path)  # the metadata as the file holds it
+    except ModelFileError as exc:
         raise ValueError(f"{exc} (not written: the engine would refuse it)") from None
 
 

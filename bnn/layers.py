@@ -9,8 +9,8 @@ import math
 import torch
 from torch import nn
 
-from refimpl.counts import int_pair
 from refimpl.genome import Genome
+from refimpl.kernels.geometry import int_pair
 
 from .counts import counts_conv2d, counts_dense
 from .measure import default_alpha, measure

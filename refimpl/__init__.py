@@ -1,11 +1,17 @@
 """refimpl: the CPU golden reference (NumPy + Numba; it never imports torch).
 
-Bit-packed popcount kernels for the contingency counts a, b, c, d of dense and convolution
-layers, the operator table and genomes of the measure search, and the measure evaluator.
+The measure algebra lives at the top (``operators``, ``genome``, ``formula``, ``measure`` and
+the generated ``_numba_ops``), beside what every layer shares (``_jit``, ``isa``, ``cli``,
+``fileio``, ``datasets``, ``info``). Below it, one subpackage per layer:
+
+* ``refimpl.kernels``: bit-packed popcount kernels for the contingency counts a, b, c, d of
+  dense and convolution layers;
+* ``refimpl.engine``: CPU inference of exported ``.bnn`` models (``python -m refimpl.infer``);
+* ``refimpl.codegen``: the templates of the generated kernel files (``python -m refimpl.codegen``).
 """
-from .bits import pack_bits, unpack_bits
-from .counts import counts_conv2d, counts_dense
 from .genome import CLASSIC_MEASURES, PAPER_MEASURES, REGISTERED, Genome
+from .kernels.bits import pack_bits, unpack_bits
+from .kernels.counts import counts_conv2d, counts_dense
 from .measure import default_alpha, measure
 from .operators import BINARY, UNARY, Operator
 

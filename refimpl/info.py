@@ -67,7 +67,7 @@ def path_line() -> str:
 
 def _cache_folder() -> str:
     # the folder Numba's cache locator picked for one of the package's kernels
-    from . import _tiles
+    from .kernels import _tiles
 
     return str(_tiles.panel_16x8_nchw._cache.cache_path)
 

@@ -16,9 +16,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import refimpl  # noqa: E402  (sets the target before anything compiles)
-from refimpl import _tiles, blocked, isa  # noqa: E402
+from refimpl import isa  # noqa: E402
 from refimpl._jit import jit  # noqa: E402
-from refimpl.codegen import STEM_TILE  # noqa: E402
+from refimpl.kernels import _tiles, tiling  # noqa: E402
+from refimpl.kernels.tiling import STEM_TILE  # noqa: E402
 from verify import naive  # noqa: E402
 
 PATTERNS = {
@@ -64,13 +65,13 @@ def _counts_match_naive() -> list[str]:
 
 
 def probe() -> dict:
-    panel = getattr(_tiles, blocked.panel_function_name(16, 8))
+    panel = getattr(_tiles, tiling.panel_function_name(16, 8))
     pixels, channels = STEM_TILE
     stem = getattr(_tiles, f"stem_tile_{pixels}x{channels}")
     return {
         "path": isa.current_path(),
         "cpu_name": numba.config.CPU_NAME,
-        "panel": _counts(_asm(panel, blocked.PANEL_SIGNATURE)),
+        "panel": _counts(_asm(panel, tiling.PANEL_SIGNATURE)),
         "stem": _counts(_asm(stem, "void(f4[:, ::1], f4[:, ::1], i8, i8, i8, f4[:, ::1])")),
         "stem_tile": [pixels, channels],
         "counts_failures": _counts_match_naive(),

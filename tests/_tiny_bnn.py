@@ -17,7 +17,7 @@ import json
 import numpy as np
 from safetensors.numpy import save
 
-from refimpl.engine import FORMAT
+from refimpl.engine.format import FORMAT
 from refimpl.genome import Genome
 
 

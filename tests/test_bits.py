@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from refimpl.bits import WORD_BITS, n_words, pack_bits, pack_nchw, unpack_bits
+from refimpl.kernels.bits import WORD_BITS, n_words, pack_bits, pack_nchw, unpack_bits
 
 WIDTHS = [1, 3, 32, 33, 63, 64, 65, 128, 129]
 
@@ -66,7 +66,7 @@ def test_pack_refuses_non_numbers():
 def test_sign_word_equals_pack_bits_of_the_row_including_zeros_nan_and_inf():
     import numba
 
-    from refimpl.bits import sign_word
+    from refimpl.kernels.bits import sign_word
 
     word_at = numba.njit(lambda row, start: sign_word(row, start))
     rng = np.random.default_rng(5)

@@ -2,17 +2,18 @@
 import numpy as np
 import pytest
 
-from refimpl import blocked, gemm
-from refimpl.bits import pack_nchw
+from refimpl.kernels import blocked, gemm, outputs, tiling
+from refimpl.kernels.bits import pack_nchw
+from refimpl.kernels.geometry import conv_output_size
 
 
 def _simple_a(xp, wp, stride, padding, dilation):
     n_img, h, w, _ = xp.shape
     _, kh, kw, _ = wp.shape
-    out_h = blocked.conv_output_size(h, kh, stride[0], padding[0], dilation[0])
-    out_w = blocked.conv_output_size(w, kw, stride[1], padding[1], dilation[1])
+    out_h = conv_output_size(h, kh, stride[0], padding[0], dilation[0])
+    out_w = conv_output_size(w, kw, stride[1], padding[1], dilation[1])
     a = np.empty((n_img, wp.shape[0], out_h, out_w), dtype=np.int64)
-    gemm._conv_simple(xp, wp, stride, padding, dilation, out_h, out_w, a)
+    gemm.conv_simple(xp, wp, stride, padding, dilation, out_h, out_w, a)
     return a.reshape(n_img, wp.shape[0], -1)
 
 
@@ -25,7 +26,7 @@ def _simple_a(xp, wp, stride, padding, dilation):
         (17, 3, 4, 20, 3, (1, 1), (1, 1), (1, 1)),  # tiles that straddle images
     ],
 )
-@pytest.mark.parametrize("layout", blocked.LAYOUTS)
+@pytest.mark.parametrize("layout", tiling.LAYOUTS)
 def test_plan_matches_the_simple_kernel(n_img, channels, size, out_ch, kernel, stride, padding, buffer_padding, layout):
     rng = np.random.default_rng(n_img * 1000 + channels)
     x = rng.choice([-1.0, 1.0], size=(n_img, channels, size, size)).astype(np.float32)
@@ -102,10 +103,10 @@ def test_fused_counts_kernel_matches_the_simple_kernel(monkeypatch, n_img, chann
     # The fused kernel's paths: streaming or plain stores, arrays that share a line offset or
     # not (streaming then falls back to plain), chunks of an image's positions, panel groups.
     import refimpl
-    from refimpl import counts
+    from refimpl.kernels import fused
 
-    monkeypatch.setattr(counts, "STREAM_MIN_BYTES", 0 if stream else 1 << 62)
-    monkeypatch.setattr(counts, "STAGE_ELEMENTS", stage_elements)
+    monkeypatch.setattr(fused, "STREAM_MIN_BYTES", 0 if stream else 1 << 62)
+    monkeypatch.setattr(fused, "STAGE_ELEMENTS", stage_elements)
     rng = np.random.default_rng(n_img * 100 + channels)
     x = rng.choice([-1.0, 1.0], size=(n_img, channels, size, size)).astype(np.float32)
     w = rng.choice([-1.0, 1.0], size=(out_ch, channels, 3, 3)).astype(np.float32)
@@ -122,10 +123,9 @@ def test_fused_counts_kernel_matches_the_simple_kernel(monkeypatch, n_img, chann
 
 def test_output_memory_is_recycled_only_once_nothing_references_it(monkeypatch):
     import refimpl
-    from refimpl import counts
 
-    pool = counts._OutputBlocks()
-    monkeypatch.setattr(counts, "_OUTPUT_BLOCKS", pool)
+    pool = outputs.OutputBlocks()
+    monkeypatch.setattr(outputs, "_OUTPUT_BLOCKS", pool)
     monkeypatch.setattr(pool, "MIN_BYTES", 0)
     rng = np.random.default_rng(3)
     x = rng.choice([-1.0, 1.0], size=(2, 70, 6, 6))

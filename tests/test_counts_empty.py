@@ -13,7 +13,7 @@ import torch
 
 import bnn.counts as torch_counts
 import refimpl
-from refimpl import counts as ref_counts
+from refimpl.kernels import counts as ref_counts
 
 # (x shape, w shape, padding) -> the output shape, by hand: Ho = H + 2p - (KH - 1) at stride 1.
 CONV_CASES = {

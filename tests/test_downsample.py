@@ -18,10 +18,11 @@ from safetensors.numpy import load_file
 from test_infer import _assert_counts_identical, _infer, _last_json, _rewrite
 from torch import nn
 
-from bnn.export import FORMAT, export_checkpoint, export_model
+from bnn.export import export_checkpoint, export_model
 from bnn.layers import BinaryConv2d
 from bnn.models import MODELS, BinaryUnit, build_model
 from refimpl import engine
+from refimpl.engine.format import FORMAT
 from verify.nets import downsampling_net
 
 # ---------------------------------------------------------------------------------------------

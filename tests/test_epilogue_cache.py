@@ -13,7 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from refimpl import epilogue, measure
+from refimpl import measure
+from refimpl.engine import epilogue
 
 GENOME = "M1"
 posix_only = pytest.mark.skipif(not hasattr(os, "geteuid"), reason="file ownership and modes are POSIX")
@@ -145,7 +146,7 @@ def test_a_cache_folder_others_can_write_is_not_used(tmp_path, monkeypatch, fres
 # scale 2, shift 1 gives fma(4, 2, 1) = 9.
 REBUILD_SCRIPT = """
 import numpy as np
-from refimpl import epilogue
+from refimpl.engine import epilogue
 key, _ = epilogue.module_name("baseline")
 module = epilogue.load("baseline")
 a = np.full((1, 1, 1), 3, np.int32)
@@ -165,20 +166,20 @@ def _build_epilogue(root, cache) -> tuple[str, str]:
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     where, key, y = result.stdout.split()
-    assert os.path.dirname(os.path.realpath(where)) == os.path.realpath(root / "refimpl"), "ran the copy"
+    assert os.path.dirname(os.path.realpath(where)) == os.path.realpath(root / "refimpl" / "engine"), "ran the copy"
     return key, y
 
 
 def test_the_epilogue_is_rebuilt_when_a_helper_it_inlines_changes(tmp_path):
-    package = os.path.dirname(os.path.realpath(epilogue.__file__))
+    package = os.path.dirname(os.path.dirname(os.path.realpath(epilogue.__file__)))
     shutil.copytree(package, tmp_path / "refimpl", ignore=shutil.ignore_patterns("__pycache__"))
     cache = tmp_path / "cache"
     key, y = _build_epilogue(tmp_path, cache)
     assert y == "9.0"
     assert [p.name for p in cache.glob("*.py")] == [f"{key}.py"]
 
-    # _fma.fma32 is inlined into the generated kernels; neither the generator nor the genome changes
-    fma = tmp_path / "refimpl" / "_fma.py"
+    # fma.fma32 is inlined into the generated kernels; neither the generator nor the genome changes
+    fma = tmp_path / "refimpl" / "kernels" / "fma.py"
     text = fma.read_text()
     assert text.count("return builder.fma(*args)") == 1
     fma.write_text(text.replace("return builder.fma(*args)",

@@ -12,11 +12,12 @@ import torch
 from _engine_models import fresh_model
 from safetensors.numpy import load_file
 
-from bnn.export import FORMAT, VERSION, export_model, fold_batchnorm
+from bnn.export import export_model, fold_batchnorm
 from bnn.layers import BinaryConv2d
 from bnn.train import TrainConfig, train_model
-from refimpl import engine
-from refimpl.bits import unpack_bits
+from refimpl.engine.float_kernels import affine_sign_word
+from refimpl.engine.format import FORMAT, VERSION
+from refimpl.kernels.bits import unpack_bits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,7 +42,7 @@ def test_folded_batchnorm_reproduces_torch_eval_bit_for_bit():
     scale, shift = fold_batchnorm(bn)
     y = np.ascontiguousarray(x.numpy().reshape(4, 48, -1).transpose(0, 2, 1))  # channels last, as the engine
     for row in y.reshape(-1, 48):  # the stem's per-pixel BatchNorm + sign step
-        word = engine._affine_sign_word(row, scale, shift, 0, 48)
+        word = affine_sign_word(row, scale, shift, 0, 48)
         assert word == sum(1 << c for c in range(48) if row[c] >= 0)
     # Bit for bit, not approximately: one ulp across zero would flip the next layer's sign bit.
     got = y.transpose(0, 2, 1).reshape(expected.shape)

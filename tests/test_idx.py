@@ -434,7 +434,7 @@ def test_reproduce_refuses_a_data_set_the_paper_has_no_table_for(capsys):
 def test_every_cli_spells_the_data_options_alike(capsys):
     from bnn import reproduce, train
     from bnn.search import cli
-    from refimpl import infer
+    from refimpl.engine import infer
 
     helps = [train._parser().format_help(), cli.build_parser().format_help(), infer._parser().format_help()]
     with pytest.raises(SystemExit):

@@ -18,10 +18,13 @@ from safetensors.numpy import load_file, save_file
 
 from bnn.counts import counts_conv2d as torch_counts
 from bnn.data import DIGITS_TEST_SIZE, load_dataset, read_cifar
-from bnn.export import FORMAT, export_checkpoint, export_model
+from bnn.export import export_checkpoint, export_model
 from bnn.layers import BinaryConv2d, sign
 from bnn.train import TrainConfig, train_model
-from refimpl import datasets, engine, epilogue
+from refimpl import datasets, engine
+from refimpl.codegen import epilogue_template
+from refimpl.engine import epilogue, plan
+from refimpl.engine.format import FORMAT
 from refimpl.genome import PAPER_MEASURES, Genome
 from refimpl.measure import measure
 from refimpl.operators import N_BINARY, N_UNARY
@@ -219,7 +222,7 @@ def test_fused_and_two_pass_layers_agree_bit_for_bit(arch, genome, size, downsam
     xs = x.numpy().copy()
     results = {}
     for name, min_tiles in (("fused", 0), ("two-pass", 10**9)):
-        monkeypatch.setattr(engine, "FUSED_MIN_TILES_PER_THREAD", min_tiles)
+        monkeypatch.setattr(plan, "FUSED_MIN_TILES_PER_THREAD", min_tiles)
         m = _export_and_load(model, tmp_path, f"{name}.bnn")
         results[name] = m.run(xs).copy()
     np.testing.assert_array_equal(results["fused"], results["two-pass"])
@@ -260,9 +263,9 @@ def test_generated_measure_equals_refimpl_measure_float32(genome):
 
 def test_measure_expression_is_the_genome_formula():
     # The generated expression and Genome.formula() come from the same table substitution.
-    src = epilogue.generate("M1")
+    src = epilogue_template.generate("M1")
     assert f"measure = {Genome.parse('M1').formula()}" in src
-    assert "b ** F(3.0) - c" in epilogue.measure_expression("M1")
+    assert "b ** F(3.0) - c" in epilogue_template.measure_expression("M1")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def test_a_bad_option_is_one_line_and_exit_2(capsys):
 def test_refimpl_infer_json_carries_the_kernel_path(tmp_path, capsys):
     from _tiny_bnn import model_bytes, tiny_model
 
-    from refimpl import infer
+    from refimpl.engine import infer
 
     model = tmp_path / "tiny.bnn"
     model.write_bytes(model_bytes(*tiny_model()))

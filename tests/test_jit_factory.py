@@ -18,7 +18,8 @@ from numba import types
 from numba.extending import intrinsic
 
 import refimpl
-from refimpl import _jit, codegen, epilogue
+from refimpl import _jit, codegen
+from refimpl.codegen import epilogue_template
 
 PACKAGE = Path(refimpl.__file__).resolve().parent
 # Numba's ways to make a compiled function; only refimpl/_jit.py may call them.
@@ -74,7 +75,7 @@ def test_the_scanner_passes_the_factory_and_other_numba_names():
 
 def _package_sources() -> list[Path]:
     files = [p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts]
-    assert PACKAGE / "engine.py" in files and PACKAGE / "_tiles.py" in files
+    assert PACKAGE / "engine" / "plan.py" in files and PACKAGE / "kernels" / "_tiles.py" in files
     return [p for p in files if p != PACKAGE / "_jit.py"]
 
 
@@ -86,7 +87,7 @@ def test_no_refimpl_source_calls_numba_jit_directly():
 
 @pytest.mark.parametrize("genome", ["baseline", "M1", "M5", "2-3-4-5-6-7-8"])
 def test_generated_epilogues_use_the_factory(genome):
-    text = epilogue.generate(genome)
+    text = epilogue_template.generate(genome)
     assert direct_numba_factories(text) == []
     assert "from refimpl._jit import jit" in text and "@jit(" in text
 
@@ -108,7 +109,7 @@ def test_every_dispatcher_of_the_package_was_made_by_the_factory():
         for name, value in vars(module).items():
             if isinstance(value, numba.core.registry.CPUDispatcher) and value.py_func.__module__ == module.__name__:
                 dispatchers[f"{module.__name__}.{name}"] = value
-    assert "refimpl.engine._stem" in dispatchers and "refimpl._fma._fma_arrays" in dispatchers
+    assert "refimpl.engine.float_kernels.stem" in dispatchers and "refimpl.kernels.fma._fma_arrays" in dispatchers
     strays = sorted(name for name, d in dispatchers.items() if not _jit.compiled_here(d))
     assert strays == []
     assert not _jit.compiled_here(numba.njit(lambda x: x)), "the check can tell the two apart"

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import refimpl  # noqa: F401  (sets the project's Numba options before anything compiles)
-from refimpl import _tiles, blocked, isa
+from refimpl import isa
 from refimpl._jit import jit
+from refimpl.kernels import _tiles, blocked, tiling
 
 # The path this process compiles for (REFIMPL_ISA or the host's best), not the host's features:
 # a suite run with a lower path forced must check that path's code.
@@ -20,14 +21,14 @@ HAS_VPOPCNTDQ = isa.current_path() == "avx512-vpopcntdq"
 
 def _tile_asm(layout: str = "nchw") -> str:
     if layout == "nchw":  # the GEMM of one panel, which every nchw kernel calls
-        panel = getattr(_tiles, blocked.panel_function_name(16, 8))
-        kernel = jit(blocked.PANEL_SIGNATURE, cache=False)(panel.py_func)
+        panel = getattr(_tiles, tiling.panel_function_name(16, 8))
+        kernel = jit(tiling.PANEL_SIGNATURE, cache=False)(panel.py_func)
         return kernel.inspect_asm(kernel.signatures[0])
-    kernel = jit(parallel=True, cache=False)(getattr(_tiles, blocked.kernel_name(16, 8, layout)).py_func)
+    kernel = jit(parallel=True, cache=False)(getattr(_tiles, tiling.kernel_name(16, 8, layout)).py_func)
     rng = np.random.default_rng(0)
     x = rng.choice([-1.0, 1.0], size=(2, 64, 4, 4)).astype(np.float32)
     w = rng.choice([-1.0, 1.0], size=(8, 64, 3, 3)).astype(np.float32)
-    from refimpl.bits import pack_nchw
+    from refimpl.kernels.bits import pack_nchw
 
     xp, wp = pack_nchw(x), pack_nchw(w)
     k_words = xp.shape[-1]
@@ -61,7 +62,7 @@ def test_nhwc_tile_keeps_a_pixels_channels_in_one_vector():
 
 
 def test_popcount_intrinsic_lowers_to_ctpop():
-    from refimpl.bits import popcount
+    from refimpl.kernels.bits import popcount
 
     f = numba.njit(lambda v: popcount(v))
     assert f(np.uint64(0xFFFF_FFFF_FFFF_FFFF)) == 64
@@ -70,7 +71,7 @@ def test_popcount_intrinsic_lowers_to_ctpop():
 
 
 def test_stem_tile_computes_the_strided_pixels_matmul():
-    from refimpl.codegen import STEM_TILE
+    from refimpl.kernels.tiling import STEM_TILE
 
     P, Q = STEM_TILE
     tile = getattr(_tiles, f"stem_tile_{P}x{Q}")

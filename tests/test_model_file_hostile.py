@@ -2,7 +2,7 @@
 
 Every case starts from a small valid model built by hand (``_tiny_bnn.py``: every layer kind
 the engine runs, a dilation, identity and 1x1 shortcuts) and breaks one rule of the format
-(``refimpl/engine.py``, "Loading and validation"). The oracle is the rule itself: the file must
+(``refimpl/engine/model_file.py``). The oracle is the rule itself: the file must
 be refused at load, with a message that starts with the file's name and is one line. The fuzz
 test at the end mutates the same file at random: loading either succeeds, and then the model
 runs, or raises ModelFileError; anything else (another exception, a crash of the process, a

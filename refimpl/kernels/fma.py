@@ -12,7 +12,7 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from ._jit import jit
+from .._jit import jit
 
 
 @intrinsic

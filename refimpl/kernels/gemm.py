@@ -8,12 +8,14 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from ._jit import jit
+from .._jit import jit
 from .bits import popcount
 
 
 @jit(parallel=True)
-def _conv_simple(xp, wp, stride, padding, dilation, out_h, out_w, a):
+def conv_simple(xp, wp, stride, padding, dilation, out_h, out_w, a):
+    """Fill ``a`` (N, O, Ho, Wo) int64 with popcount(x & w) summed over each window's in-bounds
+    taps: xp (N, H, W, K) and wp (O, KH, KW, K) packed words."""
     n_img, h, w, k_words = xp.shape
     n_out, kh, kw, _ = wp.shape
     for r in prange(n_img * out_h):

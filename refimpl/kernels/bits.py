@@ -14,8 +14,8 @@ import numpy as np
 from numba import prange, types
 from numba.extending import intrinsic
 
+from .._jit import jit
 from . import _pack
-from ._jit import jit
 
 WORD_BITS = 64
 WORD_DTYPE = np.uint64

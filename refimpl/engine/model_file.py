@@ -1,102 +1,66 @@
-"""The ``.bnn`` file (written by ``bnn/export.py``), read and checked for the engine.
+"""The ``.bnn`` file (``format.py``; written by ``bnn/export.py``), read and checked for the engine.
 
 A model file is data: nothing in it reaches a kernel unchecked. ``read`` takes only a regular
-file, and only as many bytes as its safetensors header declares; ``describe`` checks every
+file, and only as many bytes as its safetensors header declares (``_safetensors.py``); ``describe`` checks every
 field of the metadata for its JSON type (an integer is never a bool or a float), every
 geometry for what the kernels can run (``_window``), every tensor for the dtype and shape the
 metadata implies, and that the layers chain: each layer's channels and map are the previous
 layer's output. Every problem is one ``ModelFileError`` line that starts with the file's name.
+This is the one place that checks a file: the exporter runs ``describe`` on what it writes.
 """
 from __future__ import annotations
 
-import json
-import os
-import stat
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bits import WORD_BITS, n_words
-from .counts import FLOAT32_EXACT_COUNT, _word_popcounts
-from .genome import Genome
+from ..genome import Genome
+from ..kernels.bits import WORD_BITS, n_words
+from ..kernels.geometry import FLOAT32_EXACT_COUNT
+from ..kernels.window_sums import word_popcounts
+from ._safetensors import ModelFileError, cut, is_int, json_value, read_container, show
+from .format import (
+    DOWNSAMPLE_KINDS,
+    FOREIGN_SHORTCUT,
+    FORMAT,
+    RESIDUALS,
+    SUPPORTED_VERSIONS,
+    BinaryConv,
+    BinaryUnit,
+    Description,
+    GlobalAvgPool,
+    Linear,
+    Pool,
+    RealShortcut,
+    Stem,
+)
 
-FORMAT = "bnn-measure"
-SUPPORTED_VERSIONS = (1,)
-
-
-class ModelFileError(ValueError):
-    """A .bnn file that cannot be run; the message names the file and the problem.
-
-    Always one printable line: names from the file (a unit's, a tensor's) may hold newlines or
-    terminal escapes, which are shown escaped.
-    """
-
-    def __init__(self, message: str):
-        super().__init__("".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in message))
-
-
-@dataclass
-class Conv:
-    """One binary convolution with its folded BatchNorm."""
-
-    name: str
-    in_channels: int
-    out_channels: int
-    kernel: tuple[int, int]
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    dilation: tuple[int, int]
-    bits: np.ndarray  # (O, KH, KW, K) uint64
-    alpha: np.ndarray  # (4, O) float32
-    scale: np.ndarray  # (O,) float32
-    shift: np.ndarray  # (O,) float32
-    taps: np.ndarray = field(default=None, repr=False)  # popcount of each (O, KH, KW) weight tap
-
-
-# A header is a few KB per layer; the bound keeps a crafted length from making the reader
-# allocate or parse gigabytes.
-MAX_HEADER_BYTES = 100 << 20
 # Input sides and channels, and every stride and dilation, at most this: every geometry value
 # and product the kernels compute then stays far inside int64.
 MAX_SIDE = 1 << 16
-# The tensor dtypes the layers read (safetensors names).
-TENSOR_DTYPES = {"F32": np.float32, "U64": np.uint64}
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)  # JSON true is not the integer 1
-
-
-def _cut(text: str, n: int = 80) -> str:
-    """Text from the file cut to a short line (a crafted value can be megabytes)."""
-    return text if len(text) <= n else text[:n - 3] + "..."
-
-
-def _show(v) -> str:
-    return _cut(repr(v))
 
 
 def _pairs(entry: dict, where: str, keys) -> dict:
     out = {}
     for key in keys:
         v = entry.get(key)
-        if not (isinstance(v, list) and len(v) == 2 and all(_is_int(u) for u in v)):
-            raise ModelFileError(f"{where}: '{key}' must be a pair of integers, got {_show(v)}")
+        if not (isinstance(v, list) and len(v) == 2 and all(is_int(u) for u in v)):
+            raise ModelFileError(f"{where}: '{key}' must be a pair of integers, got {show(v)}")
         out[key] = tuple(v)
     return out
 
 
 def _count(entry: dict, key: str, where: str) -> int:
     v = entry.get(key)
-    if not _is_int(v) or v < 1:
-        raise ModelFileError(f"{where}: '{key}' must be a positive integer, got {_show(v)}")
+    if not is_int(v) or v < 1:
+        raise ModelFileError(f"{where}: '{key}' must be a positive integer, got {show(v)}")
     return v
 
 
 def _text(entry: dict, key: str, where: str, default=None) -> str:
     v = entry.get(key, default)
     if not isinstance(v, str):
-        raise ModelFileError(f"{where}: '{key}' must be a string, got {_show(v)}")
+        raise ModelFileError(f"{where}: '{key}' must be a string, got {show(v)}")
     return v
 
 
@@ -138,111 +102,15 @@ def _window(where: str, hw, kernel, stride, padding, dilation=(1, 1), pool=False
     return out[0], out[1]
 
 
-# ----------------------------------------------------------------------------------------------
-# Reading the file: only a regular file, only as many bytes as its header declares
-# ----------------------------------------------------------------------------------------------
-def _open_regular(path: str):
-    """(open binary file, size) of ``path``, refused unless it is a regular file.
-
-    A FIFO would block the open until a writer comes, and a device (``/dev/zero``) would be read
-    without end. The open is non-blocking, so a FIFO swapped in after the stat cannot hang it;
-    fstat then checks what was actually opened.
-    """
-    try:
-        _require_regular(path, os.stat(path).st_mode)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise ModelFileError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise ModelFileError(f"{path}: cannot be read ({exc.strerror})") from None
-    f = os.fdopen(fd, "rb")
-    st = os.fstat(fd)
-    try:
-        _require_regular(path, st.st_mode)
-    except ModelFileError:
-        f.close()
-        raise
-    return f, st.st_size
-
-
-def _require_regular(path: str, mode: int) -> None:
-    if stat.S_ISDIR(mode):
-        raise ModelFileError(f"{path}: is a directory, not a .bnn file")
-    if not stat.S_ISREG(mode):
-        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
-                else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "special")
-        raise ModelFileError(f"{path}: not a regular file ({kind}); give the path of a .bnn file")
-
-
-def _read_exactly(f, n: int, path: str) -> bytes:
-    data = f.read(n)
-    if len(data) != n:  # a regular file reads short only at its end: it shrank while read
-        raise ModelFileError(f"{path}: truncated while being read")
-    return data
-
-
-def _json(text, path: str, what: str):
-    try:
-        return json.loads(text)
-    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nesting too deep
-        raise ModelFileError(f"{path}: {what}") from None
-
-
-def _tensor_index(header: dict, path: str) -> int:
-    """Check every tensor entry of the safetensors header; return the data bytes they declare."""
-    end = 0
-    for name, v in header.items():
-        if name == "__metadata__":
-            continue
-        w = f"{path}: tensor {_show(name)}"
-        if not isinstance(v, dict):
-            raise ModelFileError(f"{w} is described by {_show(v)}, not an object")
-        dtype, shape, offsets = v.get("dtype"), v.get("shape"), v.get("data_offsets")
-        if not (isinstance(dtype, str) and dtype in TENSOR_DTYPES):
-            raise ModelFileError(f"{w}: dtype {_show(dtype)} is not one this engine reads ({', '.join(TENSOR_DTYPES)})")
-        if not (isinstance(shape, list) and all(_is_int(s) and s >= 0 for s in shape)):
-            raise ModelFileError(f"{w}: shape must be a list of sizes, got {_show(shape)}")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)
-                and 0 <= offsets[0] <= offsets[1]):
-            raise ModelFileError(f"{w}: data_offsets must be two integers 0 <= begin <= end, got {_show(offsets)}")
-        if int(np.prod(shape, dtype=object)) * np.dtype(TENSOR_DTYPES[dtype]).itemsize != offsets[1] - offsets[0]:
-            raise ModelFileError(f"{w}: {dtype} {_show(shape)} does not fill data_offsets {offsets}")
-        end = max(end, offsets[1])
-    return end
-
-
 def read(path: str) -> tuple[dict, dict]:
     """(metadata, tensors) of a ``.bnn`` file, reading no more than its header declares."""
     from safetensors import SafetensorError
     from safetensors.numpy import load
 
-    f, size = _open_regular(path)
-    with f:
-        # The safetensors layout: 8-byte little-endian header length, the JSON header (tensor
-        # entries and "__metadata__"), then the tensor data its offsets address.
-        if size < 8:
-            raise ModelFileError(f"{path}: truncated or not a safetensors file ({size} bytes)")
-        prefix = _read_exactly(f, 8, path)
-        header_len = int.from_bytes(prefix, "little")
-        if header_len > MAX_HEADER_BYTES:
-            raise ModelFileError(f"{path}: not a safetensors file (a header of {header_len} bytes; "
-                                 f"the limit is {MAX_HEADER_BYTES})")
-        if header_len > size - 8:
-            raise ModelFileError(f"{path}: truncated or not a safetensors file (header of {header_len} bytes, file has {size})")
-        header_bytes = _read_exactly(f, header_len, path)
-        header = _json(header_bytes, path, "not a safetensors file (unreadable header)")
-        if not isinstance(header, dict):
-            raise ModelFileError(f"{path}: not a safetensors file (header is not a JSON object)")
-        need, have = _tensor_index(header, path), size - 8 - header_len
-        if need > have:
-            raise ModelFileError(f"{path}: truncated (tensor data needs {need} bytes after the header, file has {have})")
-        if need < have:
-            raise ModelFileError(f"{path}: {have - need} bytes past the tensor data its header declares "
-                                 "(not a safetensors file, or a damaged one)")
-        data = _read_exactly(f, need, path)
+    header, blob = read_container(path)
     meta = _metadata(header, path)
     try:
-        tensors = load(prefix + header_bytes + data)
+        tensors = load(blob)
     except (SafetensorError, ValueError, OSError) as exc:
         raise ModelFileError(f"{path}: tensors are unreadable ({' '.join(str(exc).split())})") from None
     return meta, tensors
@@ -252,20 +120,20 @@ def _metadata(header: dict, path: str) -> dict:
     """The engine's metadata (a JSON string in the header's ``__metadata__``), format and version checked."""
     entries = header.get("__metadata__", {})
     if not isinstance(entries, dict):
-        raise ModelFileError(f"{path}: not a safetensors file ('__metadata__' is {_show(entries)}, not an object)")
+        raise ModelFileError(f"{path}: not a safetensors file ('__metadata__' is {show(entries)}, not an object)")
     meta_raw = entries.get(FORMAT)
     if meta_raw is None:
         raise ModelFileError(f"{path}: not a {FORMAT} model (no '{FORMAT}' metadata; export it with python -m bnn.export)")
     if not isinstance(meta_raw, str):
-        raise ModelFileError(f"{path}: the '{FORMAT}' metadata is {_show(meta_raw)}, not a JSON string")
-    meta = _json(meta_raw, path, f"the '{FORMAT}' metadata is not valid JSON")
+        raise ModelFileError(f"{path}: the '{FORMAT}' metadata is {show(meta_raw)}, not a JSON string")
+    meta = json_value(meta_raw, path, f"the '{FORMAT}' metadata is not valid JSON")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         got = meta.get("format") if isinstance(meta, dict) else None
-        raise ModelFileError(f"{path}: format is {_show(got)}, expected {FORMAT!r}")
+        raise ModelFileError(f"{path}: format is {show(got)}, expected {FORMAT!r}")
     version = meta.get("version")
-    if not _is_int(version) or version not in SUPPORTED_VERSIONS:
+    if not is_int(version) or version not in SUPPORTED_VERSIONS:
         raise ModelFileError(
-            f"{path}: format version {_show(version)} is not supported (this engine reads {', '.join(map(str, SUPPORTED_VERSIONS))})"
+            f"{path}: format version {show(version)} is not supported (this engine reads {', '.join(map(str, SUPPORTED_VERSIONS))})"
         )
     return meta
 
@@ -273,52 +141,46 @@ def _metadata(header: dict, path: str) -> dict:
 # ----------------------------------------------------------------------------------------------
 # The metadata's model description: input, classes, then one parser per layer kind
 # ----------------------------------------------------------------------------------------------
-DOWNSAMPLE_KINDS = ("binary", "real")
-# The shortcut a file of each downsampling kind must not hold (docs/design.md section 6).
-_FOREIGN_SHORTCUT = {"binary": "real", "real": "down"}
-
-
 def _downsample_kind(meta: dict, where: str) -> str:
     kind = meta.get("downsample", "binary")  # files written before the option are binary
     if kind not in DOWNSAMPLE_KINDS:
-        raise ModelFileError(f"{where}: downsample must be binary or real, got {_show(kind)}")
+        raise ModelFileError(f"{where}: downsample must be binary or real, got {show(kind)}")
     return kind
 
 
-def _real_shortcut_entry(entry, channels: int, out_channels: int, take, w: str) -> dict:
-    """A ``real`` shortcut's description and tensors (bnn/export.py): avg-pool, 1x1 conv, BN."""
+def _real_shortcut(entry, channels: int, out_channels: int, take, w: str) -> RealShortcut:
+    """A ``real`` shortcut's record: avg-pool, 1x1 conv, BN."""
     if not isinstance(entry, dict):
         raise ModelFileError(f"{w}: missing description")
     i, o = entry.get("in_channels"), entry.get("out_channels")
-    if not _is_int(i) or i != channels:
-        raise ModelFileError(f"{w}: takes {_show(i)} channels, the previous layer gives {channels}")
-    if not _is_int(o) or o != out_channels:
-        raise ModelFileError(f"{w}: gives {_show(o)} channels, the unit's conv gives {out_channels}")
+    if not is_int(i) or i != channels:
+        raise ModelFileError(f"{w}: takes {show(i)} channels, the previous layer gives {channels}")
+    if not is_int(o) or o != out_channels:
+        raise ModelFileError(f"{w}: gives {show(o)} channels, the unit's conv gives {out_channels}")
     pool = _pairs(entry, w, ("pool",))["pool"]
     if min(pool) < 1:
         raise ModelFileError(f"{w}: 'pool' must be positive, got {list(pool)}")
     p = _text(entry, "tensors", w)
-    weight = take(f"{p}.weight", (o, i, 1, 1), np.float32, w)
-    return {"name": p, "pool": pool,
-            "wt": np.ascontiguousarray(weight.reshape(o, i).T),  # (I, O): one input channel's row per fma step
-            "scale": take(f"{p}.scale", (o,), np.float32, w),
-            "shift": take(f"{p}.shift", (o,), np.float32, w)}
+    return RealShortcut(name=p, in_channels=i, out_channels=o, pool=pool,
+                        weight=take(f"{p}.weight", (o, i, 1, 1), np.float32, w),
+                        scale=take(f"{p}.scale", (o,), np.float32, w),
+                        shift=take(f"{p}.shift", (o,), np.float32, w))
 
 
 def _input_shape(meta: dict, where: str) -> tuple[int, int, int]:
     shape = meta.get("input_shape")
-    if not (isinstance(shape, list) and len(shape) == 3 and all(_is_int(v) and 1 <= v <= MAX_SIDE for v in shape)):
-        raise ModelFileError(f"{where}: input_shape must be 3 integers (C, H, W) in 1..{MAX_SIDE}, got {_show(shape)}")
+    if not (isinstance(shape, list) and len(shape) == 3 and all(is_int(v) and 1 <= v <= MAX_SIDE for v in shape)):
+        raise ModelFileError(f"{where}: input_shape must be 3 integers (C, H, W) in 1..{MAX_SIDE}, got {show(shape)}")
     return tuple(shape)
 
 
 def _classes(meta: dict, where: str) -> tuple[int, list[str]]:
     n = meta.get("num_classes")
     names = meta.get("class_names")
-    if not _is_int(n) or n < 1:
-        raise ModelFileError(f"{where}: num_classes must be a positive integer, got {_show(n)}")
+    if not is_int(n) or n < 1:
+        raise ModelFileError(f"{where}: num_classes must be a positive integer, got {show(n)}")
     if not (isinstance(names, list) and len(names) == n and all(isinstance(v, str) for v in names)):
-        raise ModelFileError(f"{where}: class_names must be {n} strings (num_classes), got {_show(names)}")
+        raise ModelFileError(f"{where}: class_names must be {n} strings (num_classes), got {show(names)}")
     return n, names
 
 
@@ -338,7 +200,7 @@ def _normalization(meta: dict, c: int, where: str):
     """(mean, std, pixel_max) of the file's "input" entry."""
     inp = meta.get("input")
     if not isinstance(inp, dict):
-        raise ModelFileError(f"{where}: 'input' must be an object with mean and std, got {_show(inp)}")
+        raise ModelFileError(f"{where}: 'input' must be an object with mean and std, got {show(inp)}")
     mean, std = _finite_numbers(inp.get("mean"), c), _finite_numbers(inp.get("std"), c)
     if mean is None or std is None:
         raise ModelFileError(f"{where}: input mean/std must have {c} finite values (input channels)")
@@ -346,7 +208,7 @@ def _normalization(meta: dict, c: int, where: str):
         raise ModelFileError(f"{where}: input std must be positive")
     pixel_max = inp.get("pixel_max")
     if pixel_max is not None and (_finite_numbers([pixel_max], 1) is None or pixel_max <= 0):
-        raise ModelFileError(f"{where}: input pixel_max must be a positive number or null, got {_show(pixel_max)}")
+        raise ModelFileError(f"{where}: input pixel_max must be a positive number or null, got {show(pixel_max)}")
     return mean, std, pixel_max
 
 
@@ -369,36 +231,36 @@ class _Chain:
         return _tensor(self.tensors, name, shape, dtype, where)
 
 
-def _parse_stem(idx, entry, chain: _Chain, w) -> dict:
+def _parse_stem(idx, entry, chain: _Chain, w) -> Stem:
     geo = _pairs(entry, w, ("kernel", "stride", "padding", "dilation"))
     i, o = entry.get("in_channels"), _count(entry, "out_channels", w)
-    if not _is_int(i) or i != chain.c:
-        raise ModelFileError(f"{w}: stem takes {_show(i)} channels, the input has {chain.c}")
+    if not is_int(i) or i != chain.c:
+        raise ModelFileError(f"{w}: stem takes {show(i)} channels, the input has {chain.c}")
     chain.h, chain.w = _window(w, (chain.h, chain.w), **geo)
     p = _text(entry, "tensors", w, "stem")
-    layer = {"op": "stem", **geo, "in": i, "out": o,
-             "weight": chain.take(f"{p}.weight", (o, i, *geo["kernel"]), np.float32, w),
-             "scale": chain.take(f"{p}.scale", (o,), np.float32, w),
-             "shift": chain.take(f"{p}.shift", (o,), np.float32, w)}
+    layer = Stem(name=p, in_channels=i, out_channels=o, **geo,
+                 weight=chain.take(f"{p}.weight", (o, i, *geo["kernel"]), np.float32, w),
+                 scale=chain.take(f"{p}.scale", (o,), np.float32, w),
+                 shift=chain.take(f"{p}.shift", (o,), np.float32, w))
     chain.c = o
     return layer
 
 
-def _parse_conv(entry, chain: _Chain, w) -> tuple[Conv, tuple[int, int]]:
+def _parse_conv(entry, chain: _Chain, w) -> tuple[BinaryConv, tuple[int, int]]:
     """A binary convolution reading the chain's activation, and its output map."""
     if not isinstance(entry, dict):
         raise ModelFileError(f"{w}: missing description")
     geo = _pairs(entry, w, ("kernel", "stride", "padding", "dilation"))
     i, o = entry.get("in_channels"), _count(entry, "out_channels", w)
-    if not _is_int(i) or i != chain.c:
-        raise ModelFileError(f"{w}: takes {_show(i)} channels, the previous layer gives {chain.c}")
+    if not is_int(i) or i != chain.c:
+        raise ModelFileError(f"{w}: takes {show(i)} channels, the previous layer gives {chain.c}")
     out_map = _window(w, (chain.h, chain.w), **geo)
     p = _text(entry, "tensors", w)
     kh, kw = geo["kernel"]
     if i * kh * kw > FLOAT32_EXACT_COUNT:  # the epilogue takes the counts in float32
         raise ModelFileError(f"{w}: a window of {i} channels x {kh}x{kw} taps has {i * kh * kw} elements; "
                              "the engine's float32 counts are exact only to 2**24 (docs/design.md section 1)")
-    conv = Conv(
+    conv = BinaryConv(
         name=p, in_channels=i, out_channels=o, **geo,
         bits=chain.take(f"{p}.bits", (o, kh, kw, n_words(i)), np.uint64, w),
         alpha=chain.take(f"{p}.alpha", (4, o), np.float32, w),
@@ -410,18 +272,18 @@ def _parse_conv(entry, chain: _Chain, w) -> tuple[Conv, tuple[int, int]]:
         raise ModelFileError(f"{w}: weight bits past channel {i} are set (docs/design.md section 1: tail bits are zero)")
     # popcount of every weight tap, for pw (the weight's window sums).
     taps = np.empty(o * kh * kw, dtype=np.int64)
-    _word_popcounts(np.ascontiguousarray(conv.bits.reshape(o * kh * kw, -1)), taps)
+    word_popcounts(np.ascontiguousarray(conv.bits.reshape(o * kh * kw, -1)), taps)
     conv.taps = taps.reshape(o, kh, kw)
     return conv, out_map
 
 
-def _parse_binary_unit(idx, entry, chain: _Chain, w) -> dict:
+def _parse_binary_unit(idx, entry, chain: _Chain, w) -> BinaryUnit:
     name = _text(entry, "name", w, f"layer{idx}")
     conv, out_map = _parse_conv(entry.get("conv"), chain, f"{w} ({name}) conv")
     residual = entry.get("residual")
-    if residual not in ("none", "identity", "down", "real"):
-        raise ModelFileError(f"{w}: residual must be none, identity, down or real, got {_show(residual)}")
-    if residual == _FOREIGN_SHORTCUT[chain.downsample]:
+    if residual not in RESIDUALS:
+        raise ModelFileError(f"{w}: residual must be none, identity, down or real, got {show(residual)}")
+    if residual == FOREIGN_SHORTCUT[chain.downsample]:
         raise ModelFileError(f"{w}: a {residual!r} shortcut in a file whose downsample is {chain.downsample!r}")
     down = shortcut = None
     in_map = (chain.h, chain.w)
@@ -436,9 +298,9 @@ def _parse_binary_unit(idx, entry, chain: _Chain, w) -> dict:
             raise ModelFileError(f"{w}: the down shortcut's output map {down_map[0]}x{down_map[1]} differs from "
                                  f"the conv's {out_map[0]}x{out_map[1]}")
     if residual == "real":
-        shortcut = _real_shortcut_entry(entry.get("shortcut"), chain.c, conv.out_channels, chain.take,
-                                        f"{w} ({name}) shortcut")
-        kh, kw = shortcut["pool"]
+        shortcut = _real_shortcut(entry.get("shortcut"), chain.c, conv.out_channels, chain.take,
+                                  f"{w} ({name}) shortcut")
+        kh, kw = shortcut.pool
         # Ceil mode: the last window may overhang the map (torch's too), and a pool wider than the
         # map gives one pixel; the bound only keeps the kernel's indices small.
         pooled = (-(-chain.h // kh), -(-chain.w // kw))
@@ -446,33 +308,33 @@ def _parse_binary_unit(idx, entry, chain: _Chain, w) -> dict:
             raise ModelFileError(f"{w}: the real shortcut pools the {in_map[0]}x{in_map[1]} map by {[kh, kw]} to "
                                  f"{pooled[0]}x{pooled[1]}; the conv's output map is {out_map[0]}x{out_map[1]}")
     chain.c, (chain.h, chain.w) = conv.out_channels, out_map
-    return {"op": "binary_unit", "name": name, "conv": conv, "down": down, "shortcut": shortcut, "residual": residual}
+    return BinaryUnit(name=name, conv=conv, residual=residual, down=down, shortcut=shortcut)
 
 
-def _parse_pool(idx, entry, chain: _Chain, w) -> dict:
+def _parse_pool(idx, entry, chain: _Chain, w) -> Pool:
     geo = _pairs(entry, w, ("kernel", "stride", "padding"))
     chain.h, chain.w = _window(w, (chain.h, chain.w), **geo, pool=True)
     include_pad = entry.get("count_include_pad", True)
     if not isinstance(include_pad, bool):
-        raise ModelFileError(f"{w}: count_include_pad must be true or false, got {_show(include_pad)}")
-    return {"op": entry["op"], **geo, "count_include_pad": include_pad}
+        raise ModelFileError(f"{w}: count_include_pad must be true or false, got {show(include_pad)}")
+    return Pool(op=entry["op"], **geo, count_include_pad=include_pad)
 
 
-def _parse_global_avgpool(idx, entry, chain: _Chain, w) -> dict:
+def _parse_global_avgpool(idx, entry, chain: _Chain, w) -> GlobalAvgPool:
     chain.h = chain.w = 1
-    return {"op": "global_avgpool"}
+    return GlobalAvgPool()
 
 
-def _parse_linear(idx, entry, chain: _Chain, w) -> dict:
+def _parse_linear(idx, entry, chain: _Chain, w) -> Linear:
     p = _text(entry, "tensors", w, "classifier")
     fi, fo = entry.get("in_features"), entry.get("out_features")
-    if not _is_int(fi) or fi != chain.c:
-        raise ModelFileError(f"{w}: linear takes {_show(fi)} features, the previous layer gives {chain.c}")
-    if not _is_int(fo) or fo != chain.num_classes:
-        raise ModelFileError(f"{w}: linear gives {_show(fo)} outputs, num_classes is {chain.num_classes}")
+    if not is_int(fi) or fi != chain.c:
+        raise ModelFileError(f"{w}: linear takes {show(fi)} features, the previous layer gives {chain.c}")
+    if not is_int(fo) or fo != chain.num_classes:
+        raise ModelFileError(f"{w}: linear gives {show(fo)} outputs, num_classes is {chain.num_classes}")
     chain.c = fo
-    return {"op": "linear", "weight": chain.take(f"{p}.weight", (fo, fi), np.float32, w),
-            "bias": chain.take(f"{p}.bias", (fo,), np.float32, w)}
+    return Linear(name=p, in_features=fi, out_features=fo, weight=chain.take(f"{p}.weight", (fo, fi), np.float32, w),
+                  bias=chain.take(f"{p}.bias", (fo,), np.float32, w))
 
 
 # One parser per layer kind: it validates the entry against the activation it reads (``chain``),
@@ -487,7 +349,7 @@ LAYER_PARSERS = {
 }
 
 
-def _parse_layers(layers, chain: _Chain, where: str) -> list[dict]:
+def _parse_layers(layers, chain: _Chain, where: str) -> list:
     """The engine's layer list from the metadata's; ``chain`` starts at the input."""
     if not isinstance(layers, list) or not layers:
         raise ModelFileError(f"{where}: 'layers' must be a non-empty list")
@@ -497,7 +359,7 @@ def _parse_layers(layers, chain: _Chain, where: str) -> list[dict]:
             raise ModelFileError(f"{where}: layer {idx} is not an object")
         op = entry.get("op")
         if not (isinstance(op, str) and op in LAYER_PARSERS):
-            raise ModelFileError(f"{where}: layer {idx}: unknown op {_show(op)}")
+            raise ModelFileError(f"{where}: layer {idx}: unknown op {show(op)}")
         ops.append(op)
     # The plan's steps hand each other packed bits or NCHW floats by position: only this order runs.
     ends = ("stem", "global_avgpool", "linear")
@@ -506,30 +368,16 @@ def _parse_layers(layers, chain: _Chain, where: str) -> list[dict]:
     return [LAYER_PARSERS[op](idx, entry, chain, f"{where}: layer {idx}") for idx, (op, entry) in enumerate(zip(ops, layers))]
 
 
-@dataclass
-class Description:
-    """Everything the engine runs, from a file's metadata and tensors, every value checked."""
-
-    genome: Genome
-    input_shape: tuple[int, int, int]
-    num_classes: int
-    class_names: list[str]
-    mean: np.ndarray  # (C,) float32, raw pixel units
-    std: np.ndarray  # (C,) float32, positive
-    pixel_max: float | None
-    downsample: str
-    layers: list[dict]
-
 
 def describe(meta: dict, tensors: dict, where: str) -> Description:
     """The checked description of a model; ModelFileError (one line, starting with ``where``)
     for anything the engine's kernels could not run as the file says."""
     if not isinstance(meta, dict):
-        raise ModelFileError(f"{where}: the metadata must be a JSON object, got {_show(meta)}")
+        raise ModelFileError(f"{where}: the metadata must be a JSON object, got {show(meta)}")
     try:
         genome = Genome.parse(meta.get("genome"))
     except ValueError as exc:
-        raise ModelFileError(f"{where}: genome: {_cut(str(exc), 200)}") from None
+        raise ModelFileError(f"{where}: genome: {cut(str(exc), 200)}") from None
     input_shape = _input_shape(meta, where)
     num_classes, class_names = _classes(meta, where)
     mean, std, pixel_max = _normalization(meta, input_shape[0], where)
@@ -538,5 +386,13 @@ def describe(meta: dict, tensors: dict, where: str) -> Description:
     layers = _parse_layers(meta.get("layers"), chain, where)
     unused = set(tensors) - chain.used
     if unused:
-        raise ModelFileError(f"{where}: tensors not described by the metadata: {_cut(', '.join(sorted(unused)), 200)}")
-    return Description(genome, input_shape, num_classes, class_names, mean, std, pixel_max, downsample, layers)
+        raise ModelFileError(f"{where}: tensors not described by the metadata: {cut(', '.join(sorted(unused)), 200)}")
+    return Description(genome, input_shape, num_classes, class_names, mean, std, pixel_max, downsample, layers,
+                       arch=_optional_text(meta, "arch"), dataset=_optional_text(meta, "dataset"),
+                       source_sha256=_optional_text(meta, "source_sha256"))
+
+
+def _optional_text(meta: dict, key: str) -> str | None:
+    # informative fields, never checked: a value that is not a string is left out
+    value = meta.get(key)
+    return value if isinstance(value, str) else None

@@ -1,0 +1,305 @@
+"""The template of the engine's fused epilogue of one genome: counts -> measure -> BN ->
+residual -> bits (generated at run time into a cache folder by ``refimpl/engine/epilogue.py``).
+
+For one binary unit the engine has ``a`` from the popcount GEMM and the window sums ``px``,
+``pw``, ``n`` (``refimpl/kernels/window_sums.py`` derives them). One pass over ``a`` then
+computes, per output,
+
+    b = pw - a,  c = px - a,  d = (n - pw) - px + a         (docs/design.md section 1; exact integers)
+    m = B3(B1(U1(a), U2(d)), B2(U3(b), U4(c)))              (float32, every op rounded to float32)
+    y = fma(m, scale, shift)  [+ residual]                  (folded BatchNorm as torch computes it,
+                                                             bnn/export.py, refimpl/kernels/fma.py)
+
+writes ``y`` (float32, channels last: (N, H*W, C); the next residual needs the real value) and,
+when the next layer is binary, ``sign(y)`` packed straight into that layer's zero-padded
+(N, Hp, Wp, K) word buffer, so no separate binarize pass reads the activation again.
+
+Two forms per residual mode: ``epilogue_<mode>`` reads ``a`` and ``px`` that the GEMM left in
+memory; ``fused_<mode>`` runs the GEMM itself, one tile of pixels at a time
+(``refimpl.kernels._tiles.tile_16x8_nhwc``), and consumes the tile's counts while they are in
+L1, in one parallel region per layer instead of two per group of images (faster than the two
+passes together: docs/performance.md).
+
+Why generate: ``refimpl.measure`` dispatches on the operator codes per element (an ``if`` chain
+of 18 + 14 branches, called 7 times); here the genome's formula is composed once from the
+operator table (``formula.substitute``, as ``Genome.formula()`` does) and emitted as
+straight-line Numba code with float32 constants, so LLVM sees one expression and the baseline
+measure is just integer arithmetic. The text carries the stamp of every refimpl source
+(``sources_stamp``), so a change to any code the kernels inline gives new text, a new cached
+file and a fresh compile, never stale code.
+
+Compiled with LLVM's loop vectorizer on (``jit(loop_vectorize=True)``), which refimpl/_jit.py
+leaves off for the popcount tiles: the epilogue is a long elementwise loop (int -> float32
+conversions, arithmetic, fma, sign bits) that runs ~4x faster in AVX-512 vectors. Vectorizing
+does not change a float32 result: no reassociation without fastmath, and without SVML the libm
+calls of transcendental measures stay scalar calls (tests compare with refimpl.measure bit for
+bit).
+"""
+from __future__ import annotations
+
+from .. import _jit
+from ..genome import Genome
+from ..kernels.tiling import TILE_CHANNELS, TILE_PIXELS, tile_function_name
+from .ops_template import to_numba
+
+
+def sources_stamp() -> str:
+    """The stamp of every refimpl source, written into each generated module: the kernels inline
+    code from other files (``bits.sign_word``, ``fma.fma32``, ``nan_max``, the tile of
+    ``_tiles.py``) and Numba's cache of the module watches only the module's own file, so any
+    change to the package (this generator included) gives new text, a new file and a compile."""
+    return _jit.package_stamp().hex()
+
+
+def measure_expression(genome) -> str:
+    """The genome's measure as one Numba float32 expression in a, b, c, d and al0..al3.
+
+    ``a``..``d`` are float32 counts, ``alK`` the float32 alpha of unary slot K (U1..U4).
+    Each table formula is substituted into the graph unchanged, so the operations (and their
+    float32 roundings) are the ones ``refimpl.measure(dtype=float32)`` performs.
+    """
+    tree = Genome.parse(genome).expression([f"al{slot}" for slot in range(4)])
+    return to_numba(tree)
+
+
+# Explicit signatures: the kernels compile when the module is imported (see engine/epilogue.py's
+# ``load``; the fused ones on first use, ``fused_kernel``), and the
+# engine always passes C-contiguous arrays.
+# a (N, P, O) int32; px (N, P); pw, npw (P, O); alpha (4, O); scale, shift (O,)
+_COMMON = "i4[:, :, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1]"
+_TAIL = "f4[:, :, ::1], u8[:, :, :, ::1], b1, i8, i8, i8, i8"
+# The fused kernels: GEMM operands (flat padded input words, weight panels, K, tap offsets,
+# window origins; a second set of weights/taps/origins for the shortcut), then per-thread
+# scratch: im2col (T, L), edge block (T, Q, P), counts block (T, P*O) int32.
+_GEMM = "u8[::1], u8[::1], i8, i8[::1], i8[::1]"
+_GEMM2 = "u8[::1], i8[::1], i8[::1]"
+_SCRATCH = "u8[:, ::1], u8[:, :, ::1], i4[:, ::1]"
+_PX_SCRATCH = "f4[:, ::1]"  # (T, P) px of the tile's pixels; (T, 2P) with the shortcut's
+_EPI = "f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1]"  # pw, npw, alpha, scale, shift
+_FUSED_TAIL = "f4[:, :, ::1], u8[:, :, :, ::1], b1, i8, i8, i8"
+FUSED_SIGNATURES = {
+    # identity takes what none takes: its residual is ``out`` itself (see _MODES)
+    "none": f"void({_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
+    "identity": f"void({_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
+    "down": f"void({_GEMM}, {_GEMM2}, {_SCRATCH}, i4[:, ::1], {_PX_SCRATCH}, {_EPI}, {_EPI}, {_FUSED_TAIL})",
+}
+_TILE = tile_function_name(TILE_PIXELS, TILE_CHANNELS)
+
+_SIGNATURES = {
+    "none": f"void({_COMMON}, {_TAIL})",
+    "identity": f"void({_COMMON}, {_TAIL})",
+    "down": f"void({_COMMON}, {_COMMON}, {_TAIL})",
+}
+
+_MODES = {
+    # residual mode -> (extra parameters, how y is formed)
+    "none": ("", "fma32(m, scale[o], shift[o])"),
+    # In place: ``out`` holds the residual (the previous layer's output) on entry. Each output
+    # reads only its own residual, so overwriting it is safe, and the store then hits a cache
+    # line just read instead of fetching a fresh one (a separate output buffer cost a
+    # read-for-ownership of 16 MB per 64-channel layer at batch 64).
+    "identity": ("", "fma32(m, scale[o], shift[o]) + outrow[o]"),
+    "down": (", a2, px2, pw2, npw2, alpha2, scale2, shift2",
+             "fma32(m, scale[o], shift[o]) + fma32(m2, scale2[o], shift2[o])"),
+}
+
+
+def _counts(suffix: str) -> list[str]:
+    # The window sums arrive as float32: px (N, P), pw and npw = n - pw (P, O). Every value and
+    # every intermediate below is an integer of magnitude < 2**24, so float32 arithmetic is
+    # exact and gives the same a, b, c, d as the int64 identities (docs/design.md section 1).
+    s = suffix
+    return [
+        f"A{s} = F(arow{s}[o])",
+        f"B{s} = pwrow{s}[o] - A{s}",
+        f"C{s} = pxv{s} - A{s}",
+        f"D{s} = (npwrow{s}[o] - pxv{s}) + A{s}",
+    ]
+
+
+def _rows(suffix: str, fused: bool) -> list[str]:
+    # 1-D row views, indexed below with an unsigned o: Numba adds a negative-index wraparound
+    # select to every signed index, which hides the unit stride from LLVM's loop vectorizer.
+    s = suffix
+    px = (f"pxt[q + {TILE_PIXELS}]" if s else "pxt[q]") if fused else f"px{s}[i, p]"
+    return [f"pxv{s} = {px}", f"pwrow{s} = pw{s}[p]", f"npwrow{s} = npw{s}[p]"]
+
+
+def _pixel(mode: str, form: str, fused: bool = False) -> list[str]:
+    """The epilogue of pixel p of image i, all channels, given its counts row ``arow`` (and
+    ``arow2`` for the shortcut convolution)."""
+    lines = _rows("", fused)
+    if mode == "down":
+        lines += _rows("2", fused)
+    lines += [
+        "outrow = out[i, p]",
+        "yy = p // width",
+        "xx = p - yy * width",
+        "for o in range(np.uint64(n_out)):",
+    ]
+    lines += [f"    {line}" for line in _counts("")]
+    lines += ["    m = measure(A, B, C, D, al0[o], al1[o], al2[o], al3[o])"]
+    if mode == "down":
+        lines += [f"    {line}" for line in _counts("2")]
+        lines += ["    m2 = measure(A2, B2, C2, D2, al02[o], al12[o], al22[o], al32[o])"]
+    lines += [
+        f"    y = {form}",
+        "    outrow[o] = y",
+        # The sign bits from the row just written (in L1), by ``sign_word``'s vector compares;
+        # built inside the loop above they were per-lane shifts and an or-reduction, and made
+        # LLVM run the loop 8 lanes wide instead of 16.
+        "if pack:",
+        "    for word in range(n_words):",
+        "        o0 = word * 64",
+        "        if o0 + 64 <= n_out:",
+        "            acc = sign_word(outrow, o0)",
+        "        else:",
+        "            acc = np.uint64(0)",
+        "            for o in range(o0, n_out):",
+        "                # sign(0) = +1; NaN is not >= 0, so it binarizes to -1 as in torch.",
+        "                acc |= np.uint64(outrow[o] >= F(0.0)) << np.uint64(o - o0)",
+        "        bits[i, yy + pad_h, xx + pad_w, word] = acc",
+    ]
+    return lines
+
+
+def _alphas(suffix: str) -> list[str]:
+    src = "alpha" + suffix
+    return [f"al{k}{suffix} = {src}[{k}]" for k in range(4)]
+
+
+def _module_head(g: Genome) -> list[str]:
+    """The module's docstring, imports, and its measure alone (``measure``, ``measure_array``)."""
+    return [
+        f'"""GENERATED by refimpl/codegen/epilogue_template.py for genome {g}: do not edit.',
+        "",
+        f"measure = {g.formula()}",
+        '"""',
+        "import math",
+        "",
+        "import numba",
+        "import numpy as np",
+        "from numba import prange",
+        "",
+        "from refimpl._jit import jit",
+        "from refimpl._numba_ops import nan_max, nan_min",
+        f"from refimpl.kernels._tiles import {_TILE}",
+        "from refimpl.kernels.bits import sign_word",
+        "from refimpl.kernels.fma import fma32",
+        f"# refimpl sources {sources_stamp()}: any change to them recompiles this module",
+        "",
+        "F = np.float32",
+        f"GENOME = {str(g)!r}",
+        "",
+        "",
+        "@jit(loop_vectorize=True)",
+        "def measure(a, b, c, d, al0, al1, al2, al3):",
+        f"    return {measure_expression(g)}",
+        "",
+        "",
+        '@jit("void(f4[:, :, ::1], f4[:, :, ::1], f4[:, :, ::1], f4[:, :, ::1], f4[:, ::1], f4[:, :, ::1])",',
+        "     parallel=True, loop_vectorize=True)",
+        "def measure_array(a, b, c, d, alpha, out):",
+        "    # (N, O, P) float32 counts -> out; the engine's measure alone, for tests.",
+        "    n_img, n_out, size = a.shape",
+        "    for r in prange(n_img * n_out):",
+        "        i = r // n_out",
+        "        o = r - i * n_out",
+        "        for s in range(size):",
+        "            out[i, o, s] = measure(a[i, o, s], b[i, o, s], c[i, o, s], d[i, o, s],",
+        "                                   alpha[0, o], alpha[1, o], alpha[2, o], alpha[3, o])",
+    ]
+
+
+def _epilogue_function(mode: str) -> list[str]:
+    """``epilogue_<mode>``: the epilogue of the counts a GEMM left in memory."""
+    extra, form = _MODES[mode]
+    body = [
+        "",
+        "",
+        f'@jit("{_SIGNATURES[mode]}", parallel=True, loop_vectorize=True)',
+        f"def epilogue_{mode}(a, px, pw, npw, alpha, scale, shift{extra}, out, bits, pack, width, pad_h, pad_w, chunk):",
+        "    # Channels last: a (N, P, O) int32; px (N, P), pw and npw = n - pw (P, O) float32;",
+        "    # out (N, P, O); bits (N, Hp, Wp, K) uint64 with zero borders, written when pack is True.",
+        "    # A task owns one image and ``chunk`` pixels, all their channels: it alone writes",
+        "    # their words. The channel loop is the vectorized one: contiguous in every array.",
+        "    n_img, positions, n_out = a.shape",
+        "    n_words = (n_out + 63) // 64",
+        "    chunks = (positions + chunk - 1) // chunk",
+    ]
+    body += [f"    {line}" for line in _alphas("")]
+    if mode == "down":
+        body += [f"    {line}" for line in _alphas("2")]
+    body += [
+        "    for task in prange(n_img * chunks):",
+        "        i = task // chunks",
+        "        p0 = (task - i * chunks) * chunk",
+        "        for p in range(p0, min(positions, p0 + chunk)):",
+        "            arow = a[i, p]",
+    ]
+    if mode == "down":
+        body += ["            arow2 = a2[i, p]"]
+    body += [f"            {line}" for line in _pixel(mode, form)]
+    return body
+
+
+def _fused_function(mode: str) -> list[str]:
+    """``fused_<mode>``: the GEMM and the epilogue, tile by tile, in one parallel loop."""
+    extra, form = _MODES[mode]
+    gemm_args = "xflat, wflat, k_words, taps_off, bases" + (", wflat2, taps_off2, bases2" if mode == "down" else "")
+    scratch = "xscratch, bscratch, ascratch" + (", ascratch2" if mode == "down" else "") + ", pxscratch"
+    tile_call = "{tile}(xflat, {w}, k_words, {taps}, {bases}, n_out, n_pixels, first, 0, n_panels, xscratch[tid], bscratch[tid], {a}, first, {px})"
+    body = [
+        "",
+        "",
+        # No signature: compiled on first use by ``fused_kernel`` (3-5 s each, and a
+        # model that never runs fused, or has no shortcut, does not pay for them).
+        "@jit(parallel=True, loop_vectorize=True)",
+        f"def fused_{mode}({gemm_args}, {scratch}, pw, npw, alpha, scale, shift{extra.replace(', a2, px2', '')}, out, bits, pack, width, pad_h, pad_w):",
+        "    # The popcount GEMM and the epilogue in one parallel loop: a task is one tile of",
+        f"    # {TILE_PIXELS} pixels with all their channels; its int32 ``a`` rows go to a per-thread block",
+        "    # (ascratch, a few KB, in L1) and are consumed at once, never written to memory.",
+        "    n_img, positions, n_out = out.shape",
+        "    n_pixels = n_img * positions",
+        f"    n_panels = (n_out + {TILE_CHANNELS - 1}) // {TILE_CHANNELS}",
+        "    n_words = (n_out + 63) // 64",
+    ]
+    body += [f"    {line}" for line in _alphas("")]
+    if mode == "down":
+        body += [f"    {line}" for line in _alphas("2")]
+    body += [
+        f"    for tile in prange((n_pixels + {TILE_PIXELS - 1}) // {TILE_PIXELS}):",
+        "        tid = numba.get_thread_id()",
+        f"        first = tile * {TILE_PIXELS}",
+        "        at = ascratch[tid]",
+        "        pxt = pxscratch[tid]",
+        "        " + tile_call.format(tile=_TILE, w="wflat", taps="taps_off", bases="bases", a="at",
+                                      px=f"pxt[:{TILE_PIXELS}]"),
+    ]
+    if mode == "down":
+        body += [
+            "        at2 = ascratch2[tid]",
+            "        " + tile_call.format(tile=_TILE, w="wflat2", taps="taps_off2", bases="bases2", a="at2",
+                                          px=f"pxt[{TILE_PIXELS}:]"),
+        ]
+    body += [
+        f"        for q in range(min({TILE_PIXELS}, n_pixels - first)):",
+        "            i = (first + q) // positions",
+        "            p = first + q - i * positions",
+        "            arow = at[q * n_out:(q + 1) * n_out]",
+    ]
+    if mode == "down":
+        body += ["            arow2 = at2[q * n_out:(q + 1) * n_out]"]
+    body += [f"            {line}" for line in _pixel(mode, form, fused=True)]
+    return body
+
+
+def generate(genome) -> str:
+    """Source of the epilogue module for ``genome``."""
+    g = Genome.parse(genome)
+    out = _module_head(g)
+    for mode in _MODES:
+        out += _epilogue_function(mode)
+    for mode in _MODES:
+        out += _fused_function(mode)
+    return "\n".join(out) + "\n"

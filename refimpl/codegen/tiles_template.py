@@ -1,0 +1,296 @@
+"""The template of ``refimpl/kernels/_tiles.py``: the register-blocked popcount tiles
+(``refimpl/kernels/blocked.py`` explains their shape) and the engine stem's float32 tile.
+
+Sizes and function names come from ``refimpl/kernels/tiling.py``, which the runtime reads too.
+"""
+from __future__ import annotations
+
+from ..kernels.tiling import (
+    LAYOUTS,
+    STEM_TILE,
+    TILE_SHAPES,
+    gather_function_name,
+    kernel_name,
+    panel_function_name,
+    stem_tile_name,
+    tile_function_name,
+)
+
+_I1, _I2, _I3, _I4 = (" " * (4 * k) for k in range(1, 5))
+
+
+def _panel_loop(P: int, Q: int, pixel_major: bool, indent: str, panels: str) -> list[str]:
+    """The register-blocked loop over panels, up to (not including) the store."""
+    i3, i4 = indent, indent + "    "
+    lines = [
+        f"{i3[:-4]}for panel in range({panels}):",
+        f"{i3}wo = panel * steps * {Q}",
+    ]
+    lines += [f"{i3}acc_{p}_{j} = np.uint64(0)" for p in range(P) for j in range(Q)]
+    # (tap, word) pairs are laid out in the same order in xt and in the weight panel, so one
+    # flat loop walks both. Unsigned indices: Numba skips its negative-index wraparound for them.
+    lines += [
+        f"{i3}for step in range(steps):",
+        f"{i4}xk = np.uint64(step)" if pixel_major else f"{i4}xk = np.uint64(step * {P})",
+        f"{i4}wk = np.uint64(wo + step * {Q})",
+    ]
+    lines += [f"{i4}w_{j} = wflat[wk + np.uint64({j})]" for j in range(Q)]
+    for p in range(P):
+        offset = f"np.uint64({p} * steps)" if pixel_major else f"np.uint64({p})"
+        lines.append(f"{i4}x_{p} = xt[xk + {offset}]")
+        lines += [f"{i4}acc_{p}_{j} += popcount(x_{p} & w_{j})" for j in range(Q)]
+    return lines
+
+
+def _nhwc_gather(P: int) -> list[str]:
+    """The nhwc tile's im2col of its P pixels, with each pixel's window popcount."""
+    i1, i2, i3 = _I1, _I2, _I3
+    return [
+        f"{i1}if k_words == 1:",
+        f"{i2}for p in range({P}):",
+        f"{i3}src = np.uint64(bases[first + p])",
+        f"{i3}dst = np.uint64(p * n_taps)",
+        f"{i3}total = 0",
+        f"{i3}for t in range(n_taps):",
+        f"{i3}    word = xflat[src + np.uint64(taps_off[t])]",
+        f"{i3}    xt[dst + np.uint64(t)] = word",
+        f"{i3}    total += popcount(word)",
+        f"{i3}px[p] = np.float32(total)",
+        f"{i1}else:",
+        f"{i2}for p in range({P}):",
+        f"{i3}total = 0",
+        f"{i3}base = np.uint64(bases[first + p])",
+        f"{i3}for t in range(n_taps):",
+        f"{i3}    src = base + np.uint64(taps_off[t])",
+        f"{i3}    dst = np.uint64((p * n_taps + t) * k_words)",
+        f"{i3}    for k in range(np.uint64(k_words)):",
+        f"{i3}        word = xflat[src + k]",
+        f"{i3}        xt[dst + k] = word",
+        f"{i3}        total += popcount(word)",
+        f"{i3}px[p] = np.float32(total)",
+    ]
+
+
+def _nhwc_store(P: int, Q: int) -> list[str]:
+    """Store, pixel-major: a pixel's Q accumulators are one vector register (the SLP pack
+    above), stored as Q consecutive int32. The tile's P pixels are consecutive rows of ``a``
+    unless it runs past the last pixel; padding channels are dropped."""
+    i2, i3 = _I2, _I3
+    lines = [f"{i2}if first + {P} <= n_pixels and panel * {Q} + {Q} <= n_out:"]
+    for p in range(P):
+        lines.append(f"{i3}row = np.uint64((first - a_first + {p}) * n_out + panel * {Q})")
+        lines += [f"{i3}a[row + np.uint64({j})] = np.int32(acc_{p}_{j})" for j in range(Q)]
+    lines.append(f"{i2}else:")
+    lines += [f"{i3}block[{j}, {p}] = acc_{p}_{j}" for j in range(Q) for p in range(P)]
+    return lines + [
+        f"{i3}for p in range(min({P}, n_pixels - first)):",
+        f"{i3}    for j in range(min({Q}, n_out - panel * {Q})):",
+        f"{i3}        a[(first - a_first + p) * n_out + panel * {Q} + j] = np.int32(block[j, p])",
+    ]
+
+
+def _nhwc_kernel(P: int, Q: int) -> list[str]:
+    """The parallel nhwc kernel: every tile of pixels over groups of panels."""
+    i1, i2, i3 = _I1, _I2, _I3
+    tile = tile_function_name(P, Q)
+    return [
+        "@jit(parallel=True)",
+        f"def {kernel_name(P, Q, 'nhwc')}(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a,",
+        f"{i1}{' ' * len(kernel_name(P, Q, 'nhwc'))}px):",
+        f"{i1}# px (N*Ho*Wo,) float32: each pixel's window popcount, from the tile's gather.",
+        f"{i1}pxt = np.empty((xscratch.shape[0], {P}), dtype=np.float32)",
+        f"{i1}n_pixels = a.shape[0] // n_out",
+        f"{i1}n_panels = (n_out + {Q - 1}) // {Q}",
+        f"{i1}n_groups = (n_panels + group_panels - 1) // group_panels",
+        f"{i1}for item in prange(((n_pixels + {P - 1}) // {P}) * n_groups):",
+        f"{i2}tile = item // n_groups",
+        f"{i2}group = item - tile * n_groups",
+        f"{i2}tid = numba.get_thread_id()",
+        f"{i2}{tile}(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, tile * {P}, group * group_panels,",
+        f"{i2}     min(n_panels, (group + 1) * group_panels), xscratch[tid], bscratch[tid], a, 0, pxt[tid])",
+        f"{i2}if group == 0:",
+        f"{i3}for q in range(min({P}, n_pixels - tile * {P})):",
+        f"{i3}    px[tile * {P} + q] = pxt[tid, q]",
+    ]
+
+
+def _nhwc_sources(P: int, Q: int) -> list[str]:
+    i1 = _I1
+    tile = tile_function_name(P, Q)
+    lines = [
+        "@jit",
+        f"def {tile}(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, first, panel0, panel1, xt, block, a, a_first, px):",
+        f"{i1}# Pixels first .. first+{P - 1} (of n_pixels), panels [panel0, panel1); pixel r's",
+        f"{i1}# channels go to a[(r - a_first) * n_out:], so ``a`` is the whole (N*Ho*Wo, O)",
+        f"{i1}# array (a_first = 0) or a per-thread block of this tile's rows (a_first = first).",
+        f"{i1}# px[p]: popcount of pixel p's window, taken while gathering it (the padded taps",
+        f"{i1}# read the zero border: the in-bounds window sum of docs/design.md section 1).",
+        f"{i1}n_taps = taps_off.shape[0]",
+        f"{i1}steps = n_taps * k_words",
+        # im2col pixel-major, xt[p*steps + t*K + k]: a step's P input words are then not
+        # adjacent, so SLP cannot pack them into one vector and packs the Q weight words
+        # instead. Each accumulator vector is then one pixel's Q channels, which is the store
+        # layout; packed over pixels (as for nchw) the store was a 16x8 transpose of ~180
+        # shuffles per tile and panel, as much as the popcounts of a 64-channel layer.
+        # One word per tap (64 channels) gets its own loop: the generic one ran at ~4 cycles a
+        # word there, a quarter of a 64-channel layer's GEMM time (measured at batch 64).
+    ]
+    lines += _nhwc_gather(P)
+    lines += _panel_loop(P, Q, True, _I2, "panel0, panel1")
+    return lines + _nhwc_store(P, Q) + ["", ""] + _nhwc_kernel(P, Q)
+
+
+def tile_kernel_source(pixels: int, channels: int, layout: str = "nchw") -> list[str]:
+    """Source lines of the Numba tile kernel ``kernel_name(P, Q, layout)`` (``ConvPlan`` calls it);
+    for ``nhwc`` also of the serial tile function it calls."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    P, Q = pixels, channels
+    if layout == "nhwc":
+        return _nhwc_sources(P, Q)
+    return _nchw_sources(P, Q)
+
+
+def _nchw_gather(P: int) -> list[str]:
+    """The serial nchw im2col of one tile (``gather_function_name``)."""
+    i1, i2, i3 = _I1, _I2, _I3
+    gather = gather_function_name(P)
+    return [
+        "@jit",
+        f"def {gather}(xflat, k_words, taps_off, bases, first, xt):",
+        f"{i1}# im2col of pixels first .. first+{P - 1}: xt[(t*K + k)*{P} + p], tap-major, so that a",
+        f"{i1}# step's {P} input words are adjacent and SLP packs the accumulators over pixels: each",
+        f"{i1}# vector holds 8 positions of one channel, the nchw store layout.",
+        f"{i1}# One word per tap (64 channels) without the word loop, as in the nhwc tile.",
+        f"{i1}n_taps = taps_off.shape[0]",
+        f"{i1}if k_words == 1:",
+        f"{i2}for t in range(n_taps):",
+        f"{i3}off = np.uint64(taps_off[t])",
+        f"{i3}dst = np.uint64(t * {P})",
+        f"{i3}for p in range({P}):",
+        f"{i3}    xt[dst + np.uint64(p)] = xflat[np.uint64(bases[first + p]) + off]",
+        f"{i1}else:",
+        f"{i2}# word k of the {P} pixels, one destination run at a time; unsigned indices (no",
+        f"{i2}# negative-index wraparound): 3x faster than pixel by pixel with signed ones",
+        f"{i2}for t in range(n_taps):",
+        f"{i3}off = np.uint64(taps_off[t])",
+        f"{i3}for k in range(np.uint64(k_words)):",
+        f"{i3}    dst = np.uint64(t * k_words * {P}) + k * np.uint64({P})",
+        f"{i3}    for p in range({P}):",
+        f"{i3}        xt[dst + np.uint64(p)] = xflat[np.uint64(bases[first + p]) + off + k]",
+    ]
+
+
+def _nchw_panel(P: int, Q: int) -> list[str]:
+    """The serial nchw tile of one panel (``panel_function_name``), stored channel-major."""
+    i1, i2 = _I1, _I2
+    panel = panel_function_name(P, Q)
+    lines = [
+        "@jit",
+        f"def {panel}(xt, wflat, steps, panel, out, row0, ld, col):",
+        f"{i1}# The {P}x{Q} tile of one panel: channel j of the panel goes to",
+        f"{i1}# out[(row0 + j)*ld + col :][:{P}], {P} consecutive positions (SLP: vector stores).",
+    ]
+    body = _panel_loop(P, Q, False, i2, "panel, panel + 1")
+    # _panel_loop opens its own loop over panels; here there is exactly one.
+    lines += [line[4:] if line.startswith(i2) else line for line in body[1:]]
+    for j in range(Q):
+        lines.append(f"{i1}row = np.uint64((row0 + {j}) * ld + col)")
+        lines += [f"{i1}out[row + np.uint64({p})] = np.int64(acc_{p}_{j})" for p in range(P)]
+    return lines
+
+
+def _nchw_kernel(P: int, Q: int) -> list[str]:
+    """The parallel nchw kernel that fills ``a`` with the gather and panel functions."""
+    i1, i2, i3, i4 = _I1, _I2, _I3, _I4
+    gather, panel = gather_function_name(P), panel_function_name(P, Q)
+    return [
+        "@jit(parallel=True)",
+        f"def {kernel_name(P, Q, 'nchw')}(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):",
+        f"{i1}# a (N*O*Ho*Wo,) int64; bscratch (T, {Q * P}) int64: the edge tiles' block.",
+        f"{i1}n_pixels = a.shape[0] // n_out",
+        f"{i1}n_panels = (n_out + {Q - 1}) // {Q}",
+        f"{i1}steps = taps_off.shape[0] * k_words",
+        f"{i1}n_groups = (n_panels + group_panels - 1) // group_panels",
+        f"{i1}for item in prange(((n_pixels + {P - 1}) // {P}) * n_groups):",
+        f"{i2}tile = item // n_groups",
+        f"{i2}group = item - tile * n_groups",
+        f"{i2}tid = numba.get_thread_id()",
+        f"{i2}xt = xscratch[tid]",
+        f"{i2}block = bscratch[tid]",
+        f"{i2}first = tile * {P}",
+        f"{i2}img0 = first // positions",
+        f"{i2}pos0 = first - img0 * positions",
+        f"{i2}full = first + {P} <= n_pixels and pos0 + {P} <= positions",
+        f"{i2}{gather}(xflat, k_words, taps_off, bases, first, xt)",
+        f"{i2}for panel in range(group * group_panels, min(n_panels, (group + 1) * group_panels)):",
+        # A full tile (P positions of one image, Q real channels) stores straight into
+        # ``a``; tiles at the edges go through the small per-thread block.
+        f"{i3}if full and panel * {Q} + {Q} <= n_out:",
+        f"{i4}{panel}(xt, wflat, steps, panel, a, img0 * n_out + panel * {Q}, positions, pos0)",
+        f"{i3}else:",
+        f"{i4}{panel}(xt, wflat, steps, panel, block, 0, {P}, 0)",
+        f"{i4}for j in range(min({Q}, n_out - panel * {Q})):",
+        f"{i4}    o = panel * {Q} + j",
+        f"{i4}    for p in range(min({P}, n_pixels - first)):",
+        f"{i4}        pix = first + p",
+        f"{i4}        i = pix // positions",
+        f"{i4}        a[(i * n_out + o) * positions + pix - i * positions] = block[j * {P} + p]",
+    ]
+
+
+def _nchw_sources(P: int, Q: int) -> list[str]:
+    """The gather and panel functions of the nchw layout, and the parallel kernel that fills
+    ``a`` with them; refimpl/kernels/fused.py's counts kernel calls the same two functions."""
+    return _nchw_gather(P) + ["", ""] + _nchw_panel(P, Q) + ["", ""] + _nchw_kernel(P, Q)
+
+
+def stem_tile_source(pixels: int, channels: int) -> list[str]:
+    """The engine stem's float32 micro-kernel: for the P pixels p0, p0 + ps, ..., p0 + (P-1)*ps,
+    y[pixel, o0:o0+Q] = sum over k of col[k, pixel] * wk[k, o0:o0+Q].
+
+    Same shape of code as the popcount tile (refimpl/kernels/blocked.py): named accumulators
+    that SLP packs into one vector per pixel (the Q weights of a row of ``wk`` are contiguous)
+    and a broadcast fma per pixel and input. The tile's pixels are ``ps`` apart so that their inputs are not
+    adjacent in ``col``: adjacent, SLP packed the pixels instead, and the stores became
+    transposes. BLAS ran this shape (K = 27 inputs per output) at a third of the FMA peak.
+    """
+    P, Q = pixels, channels
+    lines = [
+        "@jit",
+        f"def {stem_tile_name(P, Q)}(col, wk, p0, ps, o0, y):",
+        "    # col (K, positions) im2col, wk (K, O), y (positions, O); the caller keeps the",
+        f"    # pixels p0 + q*ps (q < {P}) and the channels o0 .. o0+{Q - 1} in range.",
+    ]
+    lines += [f"    acc_{q}_{o} = np.float32(0.0)" for q in range(P) for o in range(Q)]
+    lines += [
+        "    for k in range(col.shape[0]):",
+        "        wrow = wk[k]",
+        "        crow = col[k]",
+    ]
+    lines += [f"        w_{o} = wrow[np.uint64(o0 + {o})]" for o in range(Q)]
+    for q in range(P):
+        lines.append(f"        x_{q} = crow[np.uint64(p0 + {q} * ps)]")
+        lines += [f"        acc_{q}_{o} = fma32(x_{q}, w_{o}, acc_{q}_{o})" for o in range(Q)]
+    for q in range(P):
+        lines.append(f"    yrow = y[p0 + {q} * ps]")
+        lines += [f"    yrow[np.uint64(o0 + {o})] = acc_{q}_{o}" for o in range(Q)]
+    return lines
+
+
+def generate_tiles() -> str:
+    out = [
+        '"""GENERATED by ``python -m refimpl.codegen`` from ``refimpl/codegen/tiles_template.py``: do not edit."""',
+        "import numba",
+        "import numpy as np",
+        "from numba import prange",
+        "",
+        "from .._jit import jit",
+        "from .bits import popcount",
+        "from .fma import fma32",
+    ]
+    for pixels, channels in TILE_SHAPES:
+        for layout in LAYOUTS:
+            out += ["", ""] + tile_kernel_source(pixels, channels, layout)
+    out += ["", ""] + stem_tile_source(*STEM_TILE)
+    return "\n".join(out) + "\n"

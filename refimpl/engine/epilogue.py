@@ -1,0 +1,124 @@
+"""The engine's fused epilogue of a genome: generated (``refimpl/codegen/epilogue_template.py``
+says what it computes and why it is generated), compiled, and cached per genome.
+
+The source goes to a file in a cache directory and the module is executed from the generated
+text with that file's name (never imported, so no ``.pyc`` is consulted): Numba's
+``cache=True`` only works for functions that live in a real file, and a file per genome keeps
+the compiled epilogue across processes (the second run of ``refimpl.infer`` does not compile).
+The text carries the stamp of every refimpl source, so a change to any code the kernels inline
+gives a new file name and a fresh compile, never stale code.
+
+Cache directory: ``$BNN_MEASURE_CACHE``, else ``$XDG_CACHE_HOME/bnn-measure``, else
+``~/.cache/bnn-measure``; created with mode 700, and used only while it is this user's and not
+writable by group or others (Numba's cache entries there are pickles): otherwise a fresh private
+temp folder serves the process, with a one-line warning.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+import types
+
+from ..codegen.epilogue_template import FUSED_SIGNATURES, generate
+from ..genome import Genome
+
+
+def cache_dir() -> str:
+    """The folder of the generated epilogues (the module docstring says which)."""
+    if os.environ.get("BNN_MEASURE_CACHE"):
+        return os.environ["BNN_MEASURE_CACHE"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "bnn-measure")
+
+
+def fused_kernel(module, mode: str):
+    """``module.fused_<mode>``, compiled (or loaded from Numba's cache) for its one signature
+    on first use, with the loop vectorizer on like the rest of the module. Further compiles are
+    disabled, so arguments of other types raise instead of compiling a slow variant."""
+    kernel = getattr(module, f"fused_{mode}")
+    if not kernel.signatures:
+        kernel.compile(FUSED_SIGNATURES[mode])
+        kernel.disable_compile()
+    return kernel
+
+
+_LOADED: dict[str, object] = {}
+_FALLBACK: list[str] = []  # this process's private temp folder, once the cache folder was refused
+
+
+def _unsafe(path: str) -> str | None:
+    """Why ``path`` must not hold code this process runs, or None. Whoever can write there can
+    plant a module or a Numba cache entry (pickles), so it must be ours and closed to others.
+    POSIX only: Windows folders under the user's profile are private by their ACLs."""
+    if not hasattr(os, "geteuid"):
+        return None
+    st = os.stat(path)
+    if not os.path.isdir(path):
+        return f"{path} is not a folder"
+    if st.st_uid != os.geteuid():
+        return f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by group or others (mode {st.st_mode & 0o777:o})"
+    return None
+
+
+def private_cache_dir() -> str:
+    """``cache_dir()``, created with mode 700, if it (and its ``__pycache__``, where Numba keeps
+    its cache) is private to this user; else a fresh private temp folder, with a one-line warning."""
+    directory = cache_dir()
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    pycache = os.path.join(directory, "__pycache__")
+    problem = _unsafe(directory) or (_unsafe(pycache) if os.path.lexists(pycache) else None)
+    if problem is None:
+        return directory
+    if not _FALLBACK:
+        _FALLBACK.append(tempfile.mkdtemp(prefix="bnn-measure-"))  # mode 700
+        print(f"refimpl: warning: not using the measure cache: {problem}; compiling into {_FALLBACK[0]} "
+              "for this process (fix: chmod go-w the folder, or set BNN_MEASURE_CACHE to a private one)",
+              file=sys.stderr)
+    return _FALLBACK[0]
+
+
+def module_name(genome) -> tuple[str, str]:
+    """(the module's name, which is also its file's stem, and its generated text)."""
+    g = Genome.parse(genome)
+    text = generate(g)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return f"bnn_measure_epilogue_{str(g).replace('-', '_')}_{digest}", text
+
+
+def load(genome):
+    """The compiled epilogue module for ``genome`` (generated into the cache directory once).
+
+    The module runs from the text generated here, compiled with ``compile()``: never from what
+    the folder holds, so a planted ``.py`` or ``__pycache__/*.pyc`` is never executed. The file
+    is still written (and rewritten when it differs): Numba's cache is keyed by a real source
+    file, and its line numbers point into it."""
+    key, text = module_name(genome)
+    if key in _LOADED:
+        return _LOADED[key]
+    directory = private_cache_dir()
+    path = os.path.join(directory, f"{key}.py")
+    current = None
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            current = f.read()
+    if current != text:
+        # Atomic, so a concurrent process never reads a half-written file.
+        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    code = compile(text, path, "exec", dont_inherit=True)
+    module = types.ModuleType(key)
+    module.__file__ = path  # Numba's cache locates and stamps the kernels by this file
+    sys.modules[key] = module  # Numba's cache and pickling find functions by module name
+    try:
+        exec(code, module.__dict__)  # noqa: S102 - our generated text; compiles (or loads from Numba's cache) the kernels
+    except BaseException:
+        sys.modules.pop(key, None)
+        raise
+    _LOADED[key] = module
+    return module

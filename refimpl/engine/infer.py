@@ -1,0 +1,207 @@
+"""``python -m refimpl.infer MODEL.bnn``: CPU inference of an exported BNN, without PyTorch.
+
+Inputs (one of):
+
+* ``--input X.npy``: uint8 images ``(N, H, W, C)`` (HWC, as images are stored), or float32
+  ``(N, C, H, W)`` in the same raw pixel units (0..255 for CIFAR, 0..16 for digits). Both are
+  normalized with the model's ``(pixel - mean[c]) / std[c]``. With ``--normalized`` a float32
+  NCHW array is taken as already normalized and fed to the network as is.
+  ``--labels Y.npy`` (integers, one per image) adds an accuracy.
+* ``--dataset NAME [--data-dir DIR] [--download]``: the test split of a data set, the one
+  ``bnn.train`` reports on: ``digits`` (embedded), ``mnist`` and ``fashion-mnist`` (the IDX
+  files; ``--download`` fetches them), ``cifar10`` and ``cifar100`` (the Python archives).
+  DIR defaults to ``$BNN_DATA_DIR`` or ``./data``. A data set whose image shape or class count
+  differs from the model's is refused.
+* ``--cifar DIR`` and ``--digits``: older spellings of ``--dataset cifar10|cifar100 --data-dir
+  DIR`` (the archive matching the model's classes) and ``--dataset digits``.
+
+Prints a summary; with ``--json`` the last stdout line is one JSON object with ``n``,
+``accuracy`` (null without labels), ``images_per_s`` (the whole input at ``--batch``),
+``latency_ms_batch1`` (median over single images) and the settings. ``--out preds.npy`` saves the
+predicted class indices (int64). Errors are one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from ..cli import OneLineParser
+from ..datasets import DATASETS, dataset_arg
+from ..fileio import atomic_file, check_output
+
+LATENCY_IMAGES = 20  # single-image runs for the batch-1 latency median
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="python -m refimpl.infer",
+                description="Run an exported binarized network (a .bnn file from python -m bnn.export) on the CPU, "
+                            "with NumPy and Numba only.")
+    p.add_argument("model", help="MODEL.bnn written by python -m bnn.export")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input", metavar="X.npy",
+                     help="uint8 (N, H, W, C) images, or float32 (N, C, H, W) in raw pixel units")
+    src.add_argument("--dataset", type=dataset_arg, metavar="{" + ",".join(DATASETS) + "}",
+                     help="run the test split of this data set (the one bnn.train reports on)")
+    src.add_argument("--cifar", metavar="DIR", help="same as --dataset cifar10|cifar100 --data-dir DIR")
+    src.add_argument("--digits", action="store_true", help="same as --dataset digits")
+    p.add_argument("--data-dir", metavar="DIR", help="folder holding the data set's files (default: $BNN_DATA_DIR or ./data)")
+    p.add_argument("--download", action="store_true", help="with --dataset mnist|fashion-mnist: fetch missing files "
+                                                            "(official mirrors, SHA-256 checked)")
+    p.add_argument("--labels", metavar="Y.npy", help="integer labels for --input, to report accuracy")
+    p.add_argument("--normalized", action="store_true", help="--input is float32 NCHW already normalized")
+    p.add_argument("--batch", type=int, default=64, help="images per forward pass (default 64)")
+    p.add_argument("--threads", type=int, help="Numba threads (default: all cores)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
+    p.add_argument("--out", metavar="PREDS.npy", help="save predicted class indices (int64)")
+    return p
+
+
+def _load_npy(path: str, what: str) -> np.ndarray:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} file {path!r} does not exist")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ValueError(f"{what} file {path} is not a readable .npy array ({' '.join(str(exc).split())})") from None
+
+
+def _test_split(name: str, data_dir: str | None, download: bool, model):
+    """(images uint8 NCHW, labels, description) of a data set's test split, refused up front when
+    its images or classes cannot be the model's. ``name`` "cifar": the archive of the model's classes."""
+    from .. import datasets
+
+    key = name if name == "cifar" else datasets.canonical_name(name)
+    shape = datasets.INPUT_SHAPES["cifar10" if key == "cifar" else key]
+    if tuple(model.input_shape) != shape:
+        raise ValueError(f"{model.path} takes {'x'.join(map(str, model.input_shape))} images, {key} has "
+                         f"{'x'.join(map(str, shape))}; use a model trained on {key}")
+    if download and key not in datasets.IDX:
+        raise ValueError(f"--download fetches mnist and fashion-mnist only; get {key} from "
+                         f"{datasets.CIFAR_URL if key != 'digits' else 'scikit-learn (it ships digits)'}")
+    data_dir = data_dir if data_dir is not None else os.environ.get("BNN_DATA_DIR", "data")
+    if key == "digits":
+        images, labels, names = datasets.digits_test()
+        where = "digits test split"
+    elif key in datasets.IDX:
+        images, labels, names = datasets.mnist_test(key, data_dir, download)
+        where = f"{key} test split in {data_dir}"
+    else:
+        classes = model.num_classes if key == "cifar" else datasets.CIFAR[key].num_classes
+        images, labels, names = datasets.cifar_test(data_dir, classes)
+        where = f"CIFAR test split in {data_dir}"
+    if len(names) != model.num_classes:
+        raise ValueError(f"{model.path} has {model.num_classes} classes, {key} has {len(names)}; use a model trained on {key}")
+    trained_on = model.meta.get("dataset")
+    if trained_on and key != "cifar" and trained_on != key:
+        print(f"note: {model.path} was trained on {trained_on}, running it on {key}", file=sys.stderr)
+    return images, labels, where
+
+
+def _inputs(args, model):
+    """(normalized float32 NCHW, labels or None, description)."""
+    if args.dataset or args.digits or args.cifar:
+        name = args.dataset or ("digits" if args.digits else "cifar")
+        images, labels, where = _test_split(name, args.cifar or args.data_dir, args.download, model)
+        return model.preprocess(images.astype(np.float32)), labels, where
+    x = _load_npy(args.input, "--input")
+    if args.normalized:
+        x = model.check_input(x)
+    else:
+        x = model.preprocess(x)
+    labels = None
+    if args.labels:
+        labels = _load_npy(args.labels, "--labels")
+        if labels.ndim != 1 or len(labels) != len(x) or not np.issubdtype(labels.dtype, np.integer):
+            raise ValueError(f"--labels must be {len(x)} integers (one per image), got {labels.dtype} {labels.shape}")
+        if labels.min() < 0 or labels.max() >= model.num_classes:
+            raise ValueError(f"--labels must lie in 0..{model.num_classes - 1}")
+    return x, labels, args.input
+
+
+def run(args) -> dict:
+    import numba
+
+    from .. import isa
+    from .model import load
+
+    if (args.data_dir is not None or args.download) and args.dataset is None:
+        raise ValueError("--data-dir and --download go with --dataset NAME")
+    for flag, given in (("--labels", args.labels is not None), ("--normalized", args.normalized)):
+        if given and args.input is None:  # a data set brings its own labels and normalization
+            raise ValueError(f"{flag} goes with --input X.npy, not with a data set (--dataset, --digits, --cifar)")
+    if args.batch < 1:
+        raise ValueError(f"--batch must be at least 1, got {args.batch}")
+    if args.threads is not None:
+        if not 1 <= args.threads <= numba.config.NUMBA_NUM_THREADS:
+            raise ValueError(f"--threads must be in 1..{numba.config.NUMBA_NUM_THREADS}, got {args.threads}")
+        numba.set_num_threads(args.threads)
+    if args.out:  # before any work: not a folder, FIFO or device, not the model or the input
+        check_output(args.out, [args.model, args.input, args.labels])
+    model = load(args.model)
+    x, labels, source = _inputs(args, model)
+    n = len(x)
+
+    # Warm up (loads the compiled kernels from Numba's cache, or compiles them the first time).
+    model.run(x[:1])
+    model.run(x[:min(args.batch, n)])
+    logits = np.empty((n, model.num_classes), dtype=np.float32)
+    t0 = time.perf_counter()
+    for i in range(0, n, args.batch):
+        logits[i:i + args.batch] = model.run(x[i:i + args.batch])
+    elapsed = time.perf_counter() - t0
+    single = []
+    for i in range(min(LATENCY_IMAGES, n)):
+        t = time.perf_counter()
+        model.run(x[i:i + 1])
+        single.append(time.perf_counter() - t)
+
+    preds = logits.argmax(axis=1).astype(np.int64)
+    accuracy = None
+    if labels is not None:
+        # Non-finite logits count as wrong (bnn.train.evaluate does the same).
+        ok = np.isfinite(logits).all(axis=1)
+        accuracy = float(((preds == labels) & ok).mean())
+    if args.out:
+        with atomic_file(args.out) as f:  # a file object: np.save adds no ".npy" to the name
+            np.save(f, preds)
+    return {
+        "n": n,
+        "accuracy": accuracy,
+        "images_per_s": n / elapsed if elapsed > 0 else None,
+        "latency_ms_batch1": 1e3 * float(np.median(single)),
+        "batch": args.batch,
+        "threads": numba.get_num_threads(),
+        "isa_path": isa.current_path(),  # the kernel path (refimpl/isa.py; REFIMPL_ISA forces one)
+        "model": args.model,
+        "arch": model.meta.get("arch"),
+        "genome": str(model.genome),
+        "downsample": model.downsample,
+        "source": source,
+        "nonfinite": int((~np.isfinite(logits).all(axis=1)).sum()),
+    }
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        summary = run(args)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    acc = "n/a (no labels)" if summary["accuracy"] is None else f"{100 * summary['accuracy']:.2f}%"
+    print(f"{summary['arch']} ({summary['genome']}, {summary['downsample']} downsampling) on {summary['n']} images "
+          f"from {summary['source']}: "
+          f"accuracy {acc}; {summary['images_per_s']:.0f} images/s at batch {summary['batch']}, "
+          f"batch-1 latency {summary['latency_ms_batch1']:.3f} ms, {summary['threads']} threads")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""The count kernels: bit-packed popcount GEMMs for the contingency counts a, b, c, d.
+
+Layers, from the bits up (each module imports only those above it):
+
+* ``bits``: the bit conventions, packing, the ``ctpop`` and sign-word intrinsics;
+  ``fma``: float32 fused multiply-add as torch's CPU BatchNorm computes it.
+* ``tiling``: the tile sizes and the names of the generated tile functions, shared by the
+  generators (``refimpl/codegen/``) and the runtime, so that runtime code never imports a
+  generator; ``_tiles.py`` and ``_pack.py``: the generated register-blocked kernels.
+* ``gemm`` (the simple reference GEMM), ``blocked`` (``ConvPlan``, the fast one).
+* The counts API and its parts: ``geometry`` (argument checks, output sizes),
+  ``window_sums`` (px, pw, n over in-bounds taps), ``identity_row`` (the LLVM intrinsic that
+  writes a row of a, b, c, d), ``fused`` (GEMM and identities in one pass), ``outputs`` (the
+  recycled output blocks) and ``counts`` (``counts_conv2d``, ``counts_dense``).
+
+Kernels for one instruction set (refimpl/isa.py's paths) belong here too: a generated file
+per path (``_tiles_avx2.py``, from a template in ``refimpl/codegen/``) whose functions keep the
+names ``tiling`` gives them, and ``blocked`` picks the module of ``isa.current_path()``.
+"""
