@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from bnn.search import fitness as F
-from bnn.search.engine import Search, SearchConfig
+from bnn.search.loop import Search, SearchConfig
 
 
 def main():

@@ -1,14 +1,13 @@
 """bnn: the PyTorch path. Differentiable counts, the measure graph, binary layers."""
 from .counts import counts_conv2d, counts_dense
 from .layers import BinaryConv2d, BinaryLinear, sign, ste_sign
-from .measure import default_alpha, measure
+from .measure import measure
 
 __all__ = [
     "BinaryConv2d",
     "BinaryLinear",
     "counts_conv2d",
     "counts_dense",
-    "default_alpha",
     "measure",
     "sign",
     "ste_sign",

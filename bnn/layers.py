@@ -13,7 +13,7 @@ from refimpl.genome import Genome
 from refimpl.kernels.geometry import int_pair
 
 from .counts import counts_conv2d, counts_dense
-from .measure import default_alpha, measure
+from .measure import initial_alpha, measure
 
 
 def sign(x: torch.Tensor) -> torch.Tensor:
@@ -53,7 +53,7 @@ class _BinaryMeasureLayer(nn.Module):
         self.genome = Genome.parse(measure_spec)
         # One alpha row per unary slot; rows of slots whose operator ignores alpha stay at 0 and
         # get no gradient.
-        self.alpha = nn.Parameter(default_alpha(self.genome, out_units))
+        self.alpha = nn.Parameter(initial_alpha(self.genome, out_units))
 
     def _measure(self, a, b, c, d):
         return measure(self.genome, a, b, c, d, self.alpha)

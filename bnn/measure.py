@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from refimpl import default_alpha
 from refimpl.genome import Genome
 from refimpl.operators import BINARY, FUNCTIONS, UNARY
 
@@ -60,14 +61,11 @@ def binary(code: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return _BINARY_FN[code](x, y)
 
 
-def default_alpha(genome, channels: int, dtype=None, device=None) -> torch.Tensor:
-    """Alpha (4, channels) at the table's initial values; 0 in slots whose operator ignores it."""
-    g = Genome.parse(genome)
-    alpha = torch.zeros((4, channels), dtype=dtype, device=device)
-    for slot, code in enumerate(g.unary):
-        if UNARY[code].uses_alpha:
-            alpha[slot] = UNARY[code].alpha_init
-    return alpha
+def initial_alpha(genome, channels: int, dtype=None, device=None) -> torch.Tensor:
+    """``refimpl.default_alpha`` as a tensor (torch's default dtype unless ``dtype``): each value
+    rounded once, from float64, as the table's float is."""
+    alpha = torch.from_numpy(default_alpha(Genome.parse(genome), channels))
+    return alpha.to(dtype=dtype or torch.get_default_dtype(), device=device)
 
 
 def measure(genome, a, b, c, d, alpha=None) -> torch.Tensor:
@@ -90,7 +88,7 @@ def measure(genome, a, b, c, d, alpha=None) -> torch.Tensor:
     channels = shape[1]
     if alpha is None:
         if any(g.uses_alpha()):
-            alpha = default_alpha(g, channels, dtype=a.dtype, device=a.device)
+            alpha = initial_alpha(g, channels, dtype=a.dtype, device=a.device)
     elif tuple(torch.as_tensor(alpha).shape) != (4, channels):
         raise ValueError(f"alpha must have shape (4, {channels}) (one row per unary slot), got {tuple(alpha.shape)}")
     else:

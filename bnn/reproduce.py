@@ -102,38 +102,26 @@ def _fmt(summary, key):
     return "-" if v is None else f"{100 * v:.2f}"
 
 
+def _table(root: str, title: str, dataset: str, models, cell) -> list[str]:
+    """A markdown table: one row per measure, one column per model, ``cell(our summary, paper's row)``."""
+    lines = ["", f"## {title}", "", "| measure | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
+    for m in MEASURES:
+        cells = [cell(read_summary(root, (dataset, model, m)), PAPER[(dataset, model, m)]) for model in models]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown_table(root: str) -> str:
     lines = [
         "# Reproduction of the paper's evaluation tables",
         "",
         "Each cell: ours / paper, top-1 accuracy in percent. Ours is the test accuracy after the "
         "run in `" + root + "`; the paper's is its Table value. `-`: not run yet.",
-        "",
-        "## CIFAR-10, top-1",
-        "",
-        "| measure | " + " | ".join(CIFAR10_MODELS) + " |",
-        "|---|" + "---|" * len(CIFAR10_MODELS),
     ]
-    for m in MEASURES:
-        cells = []
-        for model in CIFAR10_MODELS:
-            ours = _fmt(read_summary(root, ("cifar10", model, m)), "test_acc")
-            cells.append(f"{ours} / {PAPER[('cifar10', model, m)]['top1']:.2f}")
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "## CIFAR-100, top-1 / top-5",
-        "",
-        "| measure | " + " | ".join(CIFAR100_MODELS) + " |",
-        "|---|" + "---|" * len(CIFAR100_MODELS),
-    ]
-    for m in MEASURES:
-        cells = []
-        for model in CIFAR100_MODELS:
-            s = read_summary(root, ("cifar100", model, m))
-            p = PAPER[("cifar100", model, m)]
-            cells.append(f"{_fmt(s, 'test_acc')}/{_fmt(s, 'test_top5')} / {p['top1']:.2f}/{p['top5']:.2f}")
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += _table(root, "CIFAR-10, top-1", "cifar10", CIFAR10_MODELS,
+                    lambda s, p: f"{_fmt(s, 'test_acc')} / {p['top1']:.2f}")
+    lines += _table(root, "CIFAR-100, top-1 / top-5", "cifar100", CIFAR100_MODELS,
+                    lambda s, p: f"{_fmt(s, 'test_acc')}/{_fmt(s, 'test_top5')} / {p['top1']:.2f}/{p['top5']:.2f}")
     return "\n".join(lines) + "\n"
 
 

@@ -154,8 +154,8 @@ def test_a_journal_from_before_the_option_is_binary_for_reuse(tmp_path, capsys):
 
 def test_fitness_worker_trains_with_the_search_kind(monkeypatch):
     import bnn.train
-    from bnn.search.engine import SearchConfig
     from bnn.search.fitness import Worker
+    from bnn.search.loop import SearchConfig
 
     seen = []
 

@@ -122,8 +122,8 @@ def test_ctrl_c_prints_the_leaderboard_writes_results_and_resumes(tmp_path):
 
 def test_train_size_is_part_of_the_fitness_setting_and_trains_on_that_subset(tmp_path):
     from bnn.search.cli import main
-    from bnn.search.engine import SearchConfig
     from bnn.search.fitness import Worker
+    from bnn.search.loop import SearchConfig
 
     d = tmp_path / "run"
     assert main([*SYN, "--train-size", "100", "--max-evaluations", "3", "--no-progress", "--run-dir", str(d)]) == 0

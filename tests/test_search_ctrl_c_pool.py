@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_worker_death import START_DEADLINE_S, _children, _kill_all, _stat, _wait_for
 
-from bnn.search.engine import Search, SearchConfig
+from bnn.search.loop import Search, SearchConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 EXIT_DEADLINE_S = 120  # generous: a hang is what the tests catch, not a slow machine

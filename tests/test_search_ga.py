@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from bnn.search import fitness as F
-from bnn.search.engine import Search, SearchConfig
 from bnn.search.ga import BASELINE, GeneticSearch, Thresholds
+from bnn.search.loop import Search, SearchConfig
 
 
 def fitness_fn(seed=3, epochs=4):

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from bnn.search import journal as jr
-from bnn.search.engine import Search, SearchConfig
+from bnn.search.loop import Search, SearchConfig
 
 
 def check_journal(run_dir, evaluations):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bnn.search import journal as jr
-from bnn.search.engine import Search, SearchConfig
+from bnn.search.loop import Search, SearchConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--fitness", "synthetic:5,delay=0.003", "--population", "8", "--epochs", "3",

@@ -14,9 +14,9 @@ from refimpl.datasets import DATASETS, canonical_name, dataset_arg
 
 from ..runlock import hold_run_dir
 from . import journal as jr
-from .engine import SEARCH_FIELDS, Search, SearchConfig
 from .fitness import parse_fitness_spec
 from .ga import Thresholds
+from .loop import SEARCH_FIELDS, Search, SearchConfig
 from .report import prepare_outputs
 
 # Presets. "digits" (no arguments) is sized to finish in under 10 minutes on 2 CPU cores with
@@ -162,9 +162,9 @@ def _config_from_args(args) -> tuple[SearchConfig, Path, bool]:
         explicit["model"] = DEFAULT_MODEL[explicit["dataset"]]
     base = {**preset, **explicit}
     if args.preset == "paper" and "workers" not in explicit:
-        from .engine import _visible_gpus
+        from .loop import visible_gpus
 
-        base["workers"] = max(1, len(_visible_gpus()))
+        base["workers"] = max(1, len(visible_gpus()))
     cfg = SearchConfig(**{k: v for k, v in base.items() if k in {f.name for f in fields(SearchConfig)}})
     if "threshold_steps" not in explicit and "thresholds" in explicit:
         # New thresholds without steps: spread as the preset's steps if the count matches.

@@ -21,7 +21,7 @@ import numpy as np
 
 from refimpl import Genome
 
-from .operators import breed, random_genome
+from .variation import breed, random_genome
 
 BASELINE = "0-0-0-0-0-0-1"
 

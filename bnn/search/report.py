@@ -6,7 +6,7 @@ from pathlib import Path
 
 from refimpl.fileio import atomic_write_bytes, check_output, remove_stale_temps
 
-from .engine import Search, write_json_atomic
+from .loop import Search, write_json_atomic
 
 OUTPUTS = ("results.json", "search.png")
 _OLD_TEMPS = ("results.json.tmp", "search.tmp.png")  # the temp names of earlier versions

@@ -1,4 +1,4 @@
-"""GA operators of the paper's Algorithm 1 (docs/design.md section 7), as pure functions.
+"""The GA's variation operators of the paper's Algorithm 1 (docs/design.md section 7), as pure functions.
 
 A genome here is a length-7 ``numpy`` int array ``U1 U2 U3 U4 B1 B2 B3`` (see
 ``refimpl.Genome``). Every random choice comes from an explicit ``numpy.random.Generator``, never

@@ -185,7 +185,7 @@ class Search:
 
             return RayEvaluator(cfg.fitness, train, cfg.workers if cfg.workers > 1 else None, cfg.ray_address)
         # One local worker per GPU when training on GPUs (digits trains on the CPU: too small).
-        gpus = (_visible_gpus() if spec["kind"] == "train" and cfg.device in ("auto", "cuda")
+        gpus = (visible_gpus() if spec["kind"] == "train" and cfg.device in ("auto", "cuda")
                 and not (cfg.device == "auto" and cfg.dataset == "digits") else [])
         if cfg.backend == "local" or cfg.workers > 1:
             from .evaluators import LocalPoolEvaluator
@@ -433,7 +433,8 @@ class _CtrlC:
             self._raise_now = False
 
 
-def _visible_gpus() -> list[str]:
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use (``CUDA_VISIBLE_DEVICES``, else torch's count; none without CUDA)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return [x for x in env.split(",") if x.strip() and x.strip() != "-1"]

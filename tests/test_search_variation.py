@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bnn.search.operators import (
+from bnn.search.variation import (
     SELECTIONS,
     breed,
     cx_one_point,
