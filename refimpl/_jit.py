@@ -6,7 +6,7 @@
   helpers from other files (``_tiles.py``, ``_pack.py``, ``bits.popcount``), and Numba's own
   stamp kept serving the old machine code after such a helper changed (a ``git pull`` that
   touches only ``_pack.py`` packed with the old code). The generated epilogues carry the same
-  stamp in their text (``refimpl/epilogue.py``).
+  stamp in their text (``refimpl/codegen/epilogue_template.py``).
 * ``error_model="numpy"``: IEEE semantics (``1/0 = inf``, ``0/0 = nan``), never an exception
   (docs/design.md section 2). No ``fastmath``: the golden path keeps NaN and inf honest.
 * SLP vectorizer on, loop vectorizer off, per kernel: with Numba's defaults the loop vectorizer
@@ -141,7 +141,7 @@ def jit(fn=None, *, loop_vectorize: bool = False, **extra):
     """``numba.njit`` with the project's options; ``jit(parallel=True)`` for drivers,
     ``jit("signature")`` to compile eagerly, at import (no kernel of the package does: a cold
     cache then costs every process seconds); ``loop_vectorize=True`` for elementwise
-    loops (refimpl/epilogue.py says when that is safe)."""
+    loops (refimpl/codegen/epilogue_template.py says when that is safe)."""
     options = {**OPTIONS, **extra,
                "pipeline_class": _LoopVectorizedCompiler if loop_vectorize else _Compiler}
     if fn is None:

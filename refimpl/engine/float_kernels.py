@@ -2,8 +2,8 @@
 global mean and the classifier, each summed in one fixed order with fused multiply-adds (no
 BLAS), so logits are bit-identical for any batch split and thread count.
 
-Elementwise kernels, compiled with LLVM's loop vectorizer on (refimpl/engine/epilogue.py says
-why that is safe), on first call: compiled at import they cost every process that never runs a
+Elementwise kernels, compiled with LLVM's loop vectorizer on (refimpl/codegen/epilogue_template.py
+says why that is safe), on first call: compiled at import they cost every process that never runs a
 model (counts, info, the CLIs' argument errors) seconds with a cold cache.
 """
 from __future__ import annotations
@@ -37,9 +37,9 @@ def _sign_word(row, c0, c1):
 @jit(loop_vectorize=True)
 def affine_sign_word(row, scale, shift, c0, c1):
     # Channels c0..c1 (at most 64) of one pixel, in place: fma(row[c], scale[c], shift[c]),
-    # the folded BatchNorm as torch computes it (refimpl/_fma.py); returns their sign word
+    # the folded BatchNorm as torch computes it (refimpl/kernels/fma.py); returns their sign word
     # (bit c - c0 set where the result is >= 0). Unsigned indices: no negative-index
-    # wraparound, so the loop vectorizes (epilogue.py), 16 lanes wide because the sign bits
+    # wraparound, so the loop vectorizes (epilogue_template.py), 16 lanes wide because the sign bits
     # are taken afterwards, by _sign_word.
     for c in range(np.uint64(c0), np.uint64(c1)):
         row[c] = fma32(row[c], scale[c], shift[c])
@@ -51,7 +51,7 @@ def stem(x, wmat, scale, shift, kh, kw, sh, sw, ph, pw, dh, dw, out_w, cols, y, 
     # The full-precision stem, one image per task, all in one parallel region: im2col of the
     # image into this thread's cols (C*KH*KW, P), then the float32 tile (_tiles.stem_tile_*:
     # fma over the C*KH*KW inputs) into y[i] (P, O) channels last, then folded BatchNorm
-    # (torch's fma, refimpl/_fma.py) and, when pack is True, the sign bits for the first
+    # (torch's fma, refimpl/kernels/fma.py) and, when pack is True, the sign bits for the first
     # binary unit, while y[i] is still in this core's cache.
     # (Python threads' matmuls shared the cores with Numba's spinning pool threads, and a BLAS
     # sgemm per image was slower than the tile: docs/performance.md.)

@@ -32,14 +32,9 @@ def _ints(pair) -> list[int]:
     return [int(v) for v in pair]
 
 
-def _geometry(layer) -> dict:
-    return {"kernel": _ints(layer.kernel), "stride": _ints(layer.stride), "padding": _ints(layer.padding),
-            "dilation": _ints(layer.dilation)}
-
-
 @dataclass
-class BinaryConv:
-    """One binary convolution with its folded BatchNorm: a unit's ``conv`` or ``down``."""
+class _Convolution:
+    """What every convolution record holds: its tensors' prefix, channels and geometry."""
 
     name: str  # the prefix of its tensors
     in_channels: int
@@ -48,42 +43,40 @@ class BinaryConv:
     stride: Pair
     padding: Pair
     dilation: Pair
+
+    def entry(self) -> dict:
+        return {"tensors": self.name, "in_channels": int(self.in_channels), "out_channels": int(self.out_channels),
+                "kernel": _ints(self.kernel), "stride": _ints(self.stride), "padding": _ints(self.padding),
+                "dilation": _ints(self.dilation)}
+
+    def tensors(self) -> dict:
+        return {f"{self.name}.{key}": getattr(self, key) for key in self._TENSORS}
+
+
+@dataclass(kw_only=True)
+class BinaryConv(_Convolution):
+    """One binary convolution with its folded BatchNorm: a unit's ``conv`` or ``down``."""
+
+    _TENSORS: ClassVar[tuple] = ("bits", "alpha", "scale", "shift")
     bits: np.ndarray  # (O, KH, KW, ceil(I/64)) uint64
     alpha: np.ndarray  # (4, O) float32
     scale: np.ndarray  # (O,) float32
     shift: np.ndarray  # (O,) float32
     taps: np.ndarray = field(default=None, repr=False)  # the reader's popcount of each (O, KH, KW) tap
 
-    def entry(self) -> dict:
-        return {"tensors": self.name, "in_channels": int(self.in_channels), "out_channels": int(self.out_channels),
-                **_geometry(self)}
 
-    def tensors(self) -> dict:
-        return {f"{self.name}.{key}": getattr(self, key) for key in ("bits", "alpha", "scale", "shift")}
-
-
-@dataclass
-class Stem:
+@dataclass(kw_only=True)
+class Stem(_Convolution):
     """The full-precision first convolution with its folded BatchNorm."""
 
     op: ClassVar[str] = "stem"
-    name: str
-    in_channels: int
-    out_channels: int
-    kernel: Pair
-    stride: Pair
-    padding: Pair
-    dilation: Pair
+    _TENSORS: ClassVar[tuple] = ("weight", "scale", "shift")
     weight: np.ndarray  # (O, I, KH, KW) float32
     scale: np.ndarray  # (O,) float32
     shift: np.ndarray  # (O,) float32
 
     def entry(self) -> dict:
-        return {"op": self.op, "tensors": self.name, "in_channels": int(self.in_channels),
-                "out_channels": int(self.out_channels), **_geometry(self)}
-
-    def tensors(self) -> dict:
-        return {f"{self.name}.{key}": getattr(self, key) for key in ("weight", "scale", "shift")}
+        return {"op": self.op, **super().entry()}
 
 
 @dataclass

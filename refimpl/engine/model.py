@@ -9,16 +9,16 @@ Execution follows the file's layer list:
   tile, ``float_kernels.stem``), folded BatchNorm, the sign bits of the first binary unit.
 * ``binary_unit``: the input activation arrives already binarized and packed into this unit's
   zero-padded word buffer (the stem or the previous epilogue wrote it, or
-  ``float_kernels.pack_padded`` after a pool); one popcount GEMM per convolution (``a``, and the window sums ``px``, taken
-  while its tiles gather their input), ``pw`` and ``n`` precomputed per input shape, then one
-  fused epilogue (``refimpl/engine/epilogue.py``): b, c, d, the measure, BatchNorm, the residual, and
-  the sign bits for the next binary unit. With enough pixels to share out
+  ``float_kernels.pack_padded`` after a pool); one popcount GEMM per convolution (``a``, and the
+  window sums ``px``, taken while its tiles gather their input), ``pw`` and ``n`` precomputed per
+  input shape, then one fused epilogue (``epilogue.py``): b, c, d, the measure, BatchNorm, the
+  residual, and the sign bits for the next binary unit. With enough pixels to share out
   (``plan.FUSED_MIN_TILES_PER_THREAD``), GEMM and epilogue run together, tile by tile, in one
   parallel loop (``fused_*``), and ``a`` stays in L1. Otherwise (batch 1 on small maps, and
   debug runs, which record ``a``) they are two passes, the GEMM split over channels too.
   A ``real`` (Bi-Real) shortcut is computed first, in float32 from the unit's float input
-  (``float_kernels.real_shortcut``: average pool, 1x1 convolution, folded BatchNorm), into the unit's output
-  buffer; the epilogue then adds it as it adds an identity residual.
+  (``float_kernels.real_shortcut``: average pool, 1x1 convolution, folded BatchNorm), into the
+  unit's output buffer; the epilogue then adds it as it adds an identity residual.
 * ``maxpool2d`` / ``avgpool2d`` / ``global_avgpool`` / ``linear``: float32 (``plan.py``).
 
 Activations are channels last, (N, H, W, C), from the stem on: the GEMM stores each pixel's

@@ -214,7 +214,7 @@ class _UnitStep(_Step):
             if d is not None and (d.out_h, d.out_w) != (oh, ow):
                 raise ValueError(f"{layer.name}: shortcut output {d.out_h}x{d.out_w} != conv output {oh}x{ow}")
             self.counts[g] = (m, d)
-        # The fused path (refimpl/engine/epilogue.py ``fused_*``): GEMM and epilogue per tile in one
+        # The fused path (the epilogue's ``fused_*``): GEMM and epilogue per tile in one
         # parallel loop over the whole batch, so ``a`` never leaves L1 and a layer is one
         # parallel region instead of two per group.
         if n_img in self.counts:
@@ -242,8 +242,8 @@ class _UnitStep(_Step):
             # spread rows that would be 4 KB apart over L1 sets (see _StemStep).
             # One spare row holds a window's sums while they are formed.
             self.cols = np.empty((numba.config.NUMBA_NUM_THREADS, c + 1, max(oh * ow + 16, c)), dtype=np.float32)
-        # An identity unit adds its output into its input's buffer, in place (epilogue.py says
-        # why); the others write a buffer of their own.
+        # An identity unit adds its output into its input's buffer, in place (the epilogue's
+        # template says why); the others write a buffer of their own.
         self.out = None if layer.residual == "identity" else arena.take(self.out_shape)
         self.px = np.empty((n_img, oh * ow), dtype=np.float32)
         self.px2 = np.empty((n_img, oh * ow), dtype=np.float32) if down is not None else None
