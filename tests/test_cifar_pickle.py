@@ -15,12 +15,11 @@ import sys
 
 import numpy as np
 import pytest
+from _cli import run_main
 from _tiny_bnn import model_bytes, tiny_model
 from _tiny_cifar import FOLDER, _batches, make_cifar
 
 from refimpl import datasets
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class _Payload:
@@ -137,8 +136,9 @@ def test_infer_refuses_a_crafted_cifar_folder_in_one_line(tmp_path):
     root = _plant(tmp_path / "data", "test_batch", _payloads(marker)["os.system"])
     model = tmp_path / "m.bnn"
     model.write_bytes(model_bytes(*tiny_model(channels=3, side=32, classes=10)))
-    r = subprocess.run([sys.executable, "-m", "refimpl.infer", str(model), "--cifar", root],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+    from refimpl.infer import main
+
+    r = run_main(main, model, "--cifar", root)  # in this process: a payload that ran would leave the marker
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2, r.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("error:") and "never holds" in lines[0], r.stderr

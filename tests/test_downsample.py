@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from _engine_models import assert_logits_close, fresh_model, torch_logits
 from safetensors import safe_open
 from safetensors.numpy import load_file
-from test_infer import _assert_counts_identical, _infer, _last_json, _rewrite
+from test_infer import _assert_counts_identical, _infer_here, _last_json, _rewrite
 from torch import nn
 
 from bnn.export import export_checkpoint, export_model
@@ -331,10 +331,10 @@ def test_a_checkpoint_from_before_the_option_exports_binary(tmp_path):
     assert meta["downsample"] == "binary"
 
 
-def test_infer_without_torch_runs_a_real_file_and_says_so(real_file, tmp_path):
+def test_infer_runs_a_real_file_and_says_so(real_file, tmp_path):
     model, path, x = real_file
     np.save(tmp_path / "x.npy", x.numpy())
-    r = _infer(path, "--input", tmp_path / "x.npy", "--normalized", "--json", "--out", tmp_path / "p.npy")
+    r = _infer_here(path, "--input", tmp_path / "x.npy", "--normalized", "--json", "--out", tmp_path / "p.npy")
     assert r.returncode == 0, r.stderr
     assert _last_json(r.stdout)["downsample"] == "real"
     np.testing.assert_array_equal(np.load(tmp_path / "p.npy"), torch_logits(model, x.numpy()).argmax(1))

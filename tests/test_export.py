@@ -3,12 +3,11 @@ import hashlib
 import io
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from _cli import run_main
 from _engine_models import fresh_model
 from safetensors.numpy import load_file
 
@@ -18,8 +17,6 @@ from bnn.train import TrainConfig, train_model
 from refimpl.engine.float_kernels import affine_sign_word
 from refimpl.engine.format import FORMAT, VERSION
 from refimpl.kernels.bits import unpack_bits
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _meta(path):
@@ -111,6 +108,13 @@ def test_binary_layers_take_at_most_a_25th_of_their_float32_size(tmp_path):
     assert os.path.getsize(path) * 10 < buf.getbuffer().nbytes
 
 
+def _cli_here(*args):
+    """bnn.export's main in this process (tests/_cli.py)."""
+    from bnn.export import main
+
+    return run_main(main, *args)
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
@@ -122,8 +126,7 @@ def checkpoint(tmp_path_factory):
 
 def test_export_cli_writes_the_checkpoint_hash_and_leaves_no_temp_file(checkpoint, tmp_path):
     out = tmp_path / "model.bnn"
-    r = subprocess.run([sys.executable, "-m", "bnn.export", checkpoint, "-o", str(out)],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = _cli_here(checkpoint, "-o", out)
     assert r.returncode == 0, r.stderr
     meta = _meta(out)
     with open(checkpoint, "rb") as f:
@@ -138,8 +141,7 @@ def test_export_cli_bad_checkpoint_is_one_line(case, tmp_path):
     src = tmp_path / "ckpt.pt"
     if case == "garbage":
         src.write_bytes(b"not a checkpoint")
-    r = subprocess.run([sys.executable, "-m", "bnn.export", str(src), "-o", str(tmp_path / "m.bnn")],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = _cli_here(src, "-o", tmp_path / "m.bnn")
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in r.stderr
@@ -147,5 +149,5 @@ def test_export_cli_bad_checkpoint_is_one_line(case, tmp_path):
 
 
 def test_export_cli_help():
-    r = subprocess.run([sys.executable, "-m", "bnn.export", "--help"], capture_output=True, text=True, cwd=ROOT)
+    r = _cli_here("--help")
     assert r.returncode == 0 and "CHECKPOINT" in r.stdout.upper()

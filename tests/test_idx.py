@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 from _tiny_idx import NAMES, idx_bytes, make_idx, write
-from test_infer import _infer  # refimpl.infer in a subprocess that cannot import torch
+from test_infer import _infer_here  # refimpl.infer's main in this process (its no-torch runs are in test_infer)
 
 from refimpl import datasets
 
@@ -353,8 +353,8 @@ def test_infer_dataset_mnist_predicts_what_torch_predicts(mnist_run, mnist_model
     from bnn.models import build_model
     from bnn.train import load_checkpoint
 
-    r = _infer(mnist_model, "--dataset", "mnist", "--data-dir", mnist_run["data"], "--json", "--out",
-               tmp_path / "p.npy", "--batch", "4")
+    r = _infer_here(mnist_model, "--dataset", "mnist", "--data-dir", mnist_run["data"], "--json", "--out",
+                    tmp_path / "p.npy", "--batch", "4")
     assert r.returncode == 0, r.stderr
     ckpt = load_checkpoint(str(mnist_run["out"] / "checkpoint.pt"))
     model = build_model(**ckpt["model_config"])
@@ -381,14 +381,14 @@ def test_infer_dataset_mnist_predicts_what_torch_predicts(mnist_run, mnist_model
     (["--dataset", "emnist"], "unknown dataset 'emnist'"),
 ])
 def test_infer_refuses_a_data_set_that_does_not_fit_the_model(mnist_model, args, words):
-    r = _infer(mnist_model, *args)
+    r = _infer_here(mnist_model, *args)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and words in lines[0], r.stderr
 
 
 def test_infer_notes_a_different_data_set_of_the_same_shape(mnist_run, mnist_model, tmp_path):
     make_idx(tmp_path, "fashion-mnist", n_test=3)
-    r = _infer(mnist_model, "--dataset", "fashion-mnist", "--data-dir", tmp_path, "--json")
+    r = _infer_here(mnist_model, "--dataset", "fashion-mnist", "--data-dir", tmp_path, "--json")
     assert r.returncode == 0, r.stderr
     assert "trained on mnist, running it on fashion-mnist" in r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["n"] == 3

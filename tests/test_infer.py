@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from _cli import run_main
 from _engine_models import assert_logits_close, digits_images, fresh_model, torch_logits
 from _tiny_cifar import make_cifar
 from safetensors.numpy import load_file, save_file
@@ -51,6 +52,13 @@ NO_TORCH = (
 
 def _infer(*args):
     return subprocess.run([sys.executable, "-c", NO_TORCH, *map(str, args)], capture_output=True, text=True, cwd=ROOT)
+
+
+def _infer_here(*args):
+    """refimpl.infer's main in this process (tests/_cli.py): every property but "no torch"."""
+    from refimpl.infer import main
+
+    return run_main(main, *args)
 
 
 def _last_json(stdout):
@@ -292,7 +300,9 @@ def test_cifar_test_split_is_the_one_bnn_data_reads(kind, archive, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# The command line, with torch unimportable
+# The command line: the digits run (and one bad file below) with torch unimportable, which
+# covers every import the engine and the data readers make (all at module level but
+# scikit-learn's, which the digits split imports); the rest in this process (tests/_cli.py)
 
 
 def test_infer_digits_without_torch_reports_the_torch_accuracy(digits_run, tmp_path):
@@ -317,14 +327,14 @@ def test_infer_input_npy_uint8_hwc_float_nchw_and_normalized(digits_run, tmp_pat
     np.save(tmp_path / "y.npy", digits_run["y"])
     for name, extra in (("hwc", []), ("nchw", []), ("norm", ["--normalized"])):
         out = tmp_path / f"p_{name}.npy"
-        r = _infer(digits_run["path"], "--input", tmp_path / f"{name}.npy", "--labels", tmp_path / "y.npy",
-                   "--out", out, "--json", *extra)
+        r = _infer_here(digits_run["path"], "--input", tmp_path / f"{name}.npy", "--labels", tmp_path / "y.npy",
+                        "--out", out, "--json", *extra)
         assert r.returncode == 0, r.stderr
         np.testing.assert_array_equal(np.load(out), expected, err_msg=name)
         assert _last_json(r.stdout)["accuracy"] == pytest.approx(float((expected == digits_run["y"]).mean()))
 
 
-def test_infer_cifar_directory_without_torch(tmp_path):
+def test_infer_cifar_directory_predicts_what_torch_predicts(tmp_path):
     from bnn.data import _CIFAR10_MEAN, _CIFAR10_STD
 
     make_cifar(tmp_path, "cifar10", per_batch=5)
@@ -332,7 +342,7 @@ def test_infer_cifar_directory_without_torch(tmp_path):
     model = fresh_model("resnet18", "baseline", (3, 32, 32), x)
     path = tmp_path / "r.bnn"
     export_model(model, str(path), mean=_CIFAR10_MEAN, std=_CIFAR10_STD, pixel_max=255)
-    r = _infer(path, "--cifar", tmp_path, "--json", "--out", tmp_path / "p.npy", "--batch", "4")
+    r = _infer_here(path, "--cifar", tmp_path, "--json", "--out", tmp_path / "p.npy", "--batch", "4")
     assert r.returncode == 0, r.stderr
     _, _, tx, ty, _ = read_cifar("cifar10", str(tmp_path))
     mean = torch.tensor(_CIFAR10_MEAN, dtype=torch.float32).view(1, 3, 1, 1)
@@ -344,7 +354,7 @@ def test_infer_cifar_directory_without_torch(tmp_path):
 
 
 def test_infer_help():
-    r = _infer("--help")
+    r = _infer_here("--help")
     assert r.returncode == 0 and "--digits" in r.stdout and "--threads" in r.stdout
 
 
@@ -409,7 +419,8 @@ def test_bad_model_file_is_one_line_error(case, small_model, tmp_path):
     elif how is not None:
         kind, fn = how
         _rewrite(small_model, bad, **({"edit_meta": fn} if kind == "meta" else {"edit_tensors": fn}))
-    r = _infer(bad, "--digits")
+    # One case in a process that cannot import torch: the error path is torch-free too.
+    r = (_infer if case == "truncated" else _infer_here)(bad, "--digits")
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
@@ -426,7 +437,7 @@ def test_bad_model_file_is_one_line_error(case, small_model, tmp_path):
 ])
 def test_bad_input_array_is_one_line_error(array, needle, small_model, tmp_path):
     np.save(tmp_path / "x.npy", array)
-    r = _infer(small_model, "--input", tmp_path / "x.npy")
+    r = _infer_here(small_model, "--input", tmp_path / "x.npy")
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr
@@ -440,7 +451,7 @@ def test_bad_labels_and_missing_input_are_one_line_errors(small_model, tmp_path)
         (["--input", tmp_path / "nope.npy"], "does not exist"),
         (["--input", tmp_path / "x.npy", "--batch", "0"], "--batch must be at least 1"),
     ):
-        r = _infer(small_model, *args)
+        r = _infer_here(small_model, *args)
         assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 

@@ -14,21 +14,19 @@ import contextlib
 import copy
 import os
 import stat
-import subprocess
-import sys
 import threading
 import tracemalloc
 
 import numba
 import numpy as np
 import pytest
+from _cli import run_main
 from _tiny_bnn import join, model_bytes, split, tiny_model
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from refimpl import engine
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMAT = engine.FORMAT
 
 
@@ -202,13 +200,14 @@ def test_bytes_past_the_tensor_data_are_refused_unread(tmp_path):
     assert peak < 8 << 20, f"{peak} bytes allocated to refuse the file"
 
 
-def _load_in_thread(path):
-    """engine.load(path) in a thread: (finished, exception). A FIFO must not block it."""
+def _load_in_thread(path, load=None):
+    """``load()`` (default: engine.load(path)) in a thread: (finished, exception, result). A FIFO
+    must not block it."""
     out = {}
 
     def target():
         try:
-            engine.load(str(path))
+            out["result"] = load() if load else engine.load(str(path))
         except BaseException as exc:  # noqa: BLE001 - reported to the test
             out["exc"] = exc
 
@@ -220,7 +219,7 @@ def _load_in_thread(path):
         # Unblock the reader: a writer that opens and closes gives it end of file.
         os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
         t.join()
-    return finished, out.get("exc")
+    return finished, out.get("exc"), out.get("result")
 
 
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "directory"])
@@ -232,7 +231,7 @@ def test_a_path_that_is_not_a_regular_file_is_refused_unopened(kind, tmp_path):
         path = tmp_path
     else:
         path = kind
-    finished, exc = _load_in_thread(path)
+    finished, exc, _ = _load_in_thread(path)
     assert finished, f"engine.load blocked on a {kind}"
     assert isinstance(exc, engine.ModelFileError), repr(exc)
     msg = str(exc)
@@ -240,14 +239,19 @@ def test_a_path_that_is_not_a_regular_file_is_refused_unopened(kind, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# The command line: one line on stderr, exit 2 (subprocesses are slow: two cases)
+# The command line: one line on stderr, exit 2 (in this process, tests/_cli.py)
 
 
-def _infer(model, tmp_path, timeout=300):
+def _infer(model, tmp_path):
+    from refimpl.infer import main
+
     x = tmp_path / "x.npy"
     np.save(x, np.zeros((2, 8, 8, 1), np.uint8))
-    return subprocess.run([sys.executable, "-m", "refimpl.infer", str(model), "--input", str(x)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=timeout, check=False)
+    finished, exc, result = _load_in_thread(model, lambda: run_main(main, model, "--input", x))
+    assert finished, "refimpl.infer blocked on the model file"
+    if exc is not None:
+        raise exc
+    return result
 
 
 @pytest.mark.parametrize("kind", ["negative padding", "fifo"])

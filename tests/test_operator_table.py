@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from _cli import run_main
 
 from bnn.measure import TORCH_FUNCTIONS
 from bnn.measure import binary as torch_binary
@@ -61,7 +62,9 @@ def test_zero_operator_is_a_real_zero_of_the_input_shape():
 
 
 def test_generated_numba_file_is_fresh():
-    result = subprocess.run([sys.executable, "-m", "refimpl.codegen", "--check"], capture_output=True, text=True)
+    from refimpl.codegen import main
+
+    result = run_main(main, "--check")  # in this process (tests/_cli.py): freshness needs no interpreter of its own
     assert result.returncode == 0, result.stderr
 
 

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _cli import run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 SYN = ["--fitness", "synthetic:2", "--population", "6", "--epochs", "3", "--thresholds", "0.2",
@@ -12,8 +13,10 @@ SYN = ["--fitness", "synthetic:2", "--population", "6", "--epochs", "3", "--thre
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "bnn.search", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    """bnn.search's main in this process (tests/_cli.py); the Ctrl-C test starts a real one."""
+    from bnn.search.cli import main
+
+    return run_main(main, *args)
 
 
 def test_help():

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _cli import run_main
 
 from bnn.search import journal as jr
 from bnn.search.loop import Search, SearchConfig
@@ -23,9 +24,12 @@ ARGS = ["--fitness", "synthetic:5,delay=0.003", "--population", "8", "--epochs",
         "--max-trainings", "1000", "--seed", "4", "--no-progress", "--json"]
 
 
-def cli(*extra, **kw):
-    return subprocess.run([sys.executable, "-m", "bnn.search", *extra], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, **kw)
+def cli(*extra):
+    """bnn.search's main in this process (tests/_cli.py): the uninterrupted run and the last resume
+    need no process of their own; the killed ones are real subprocesses."""
+    from bnn.search.cli import main
+
+    return run_main(main, *extra)
 
 
 def comparable(run_dir):

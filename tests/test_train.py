@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from _cli import run_main
 from _tiny_cifar import ARCHIVE, make_cifar
 
 from bnn.data import load_dataset
@@ -110,7 +111,7 @@ def test_presets_hold_the_papers_settings():
     assert cfg.epochs == 300 and cfg.milestones == (80, 150, 200, 240, 270)
 
 
-# --- the command line, in subprocesses --------------------------------------------------------
+# --- the command line: in this process (tests/_cli.py), in subprocesses where one is killed --------
 
 
 def _cli(*args, env=None):
@@ -118,6 +119,12 @@ def _cli(*args, env=None):
         [sys.executable, "-m", "bnn.train", "--no-progress", *args],
         capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})},
     )
+
+
+def _cli_here(*args):
+    from bnn.train import main
+
+    return run_main(main, "--no-progress", *args)
 
 
 def _assert_one_line_error(proc, *words):
@@ -130,20 +137,20 @@ def _assert_one_line_error(proc, *words):
 
 
 def test_cli_missing_data_dir(tmp_path):
-    proc = _cli("--dataset", "cifar10", "--data-dir", str(tmp_path / "none"), "--out", str(tmp_path / "o"))
+    proc = _cli_here("--dataset", "cifar10", "--data-dir", str(tmp_path / "none"), "--out", str(tmp_path / "o"))
     _assert_one_line_error(proc, "cifar-10-python.tar.gz", "https://www.cs.toronto.edu/~kriz/cifar.html")
 
 
 def test_cli_corrupt_archive(tmp_path):
     (tmp_path / ARCHIVE["cifar100"]).write_bytes(b"\x1f\x8b\x08 broken gzip")
-    proc = _cli("--dataset", "cifar100", "--data-dir", str(tmp_path), "--out", str(tmp_path / "o"))
+    proc = _cli_here("--dataset", "cifar100", "--data-dir", str(tmp_path), "--out", str(tmp_path / "o"))
     _assert_one_line_error(proc, "cifar-100-python.tar.gz")
 
 
 def test_cli_unknown_model_and_measure(tmp_path):
-    _assert_one_line_error(_cli("--model", "resnet99", "--out", str(tmp_path)), "resnet99")
-    _assert_one_line_error(_cli("--measure", "M42", "--out", str(tmp_path)), "M42")
-    _assert_one_line_error(_cli("--epochs", "many"), "--epochs")
+    _assert_one_line_error(_cli_here("--model", "resnet99", "--out", str(tmp_path)), "resnet99")
+    _assert_one_line_error(_cli_here("--measure", "M42", "--out", str(tmp_path)), "M42")
+    _assert_one_line_error(_cli_here("--epochs", "many"), "--epochs")
 
 
 def test_cli_kill_and_resume_across_processes_with_json(cifar_dirs, tmp_path):
@@ -162,8 +169,8 @@ def test_cli_kill_and_resume_across_processes_with_json(cifar_dirs, tmp_path):
 
 
 def test_cli_diverged_run_exits_cleanly_with_status(cifar_dirs, tmp_path):
-    proc = _cli("--dataset", "cifar10", "--data-dir", cifar_dirs, "--model", "digits_net", "--val-size", "4",
-                "--epochs", "2", "--measure", NAN_GENOME, "--out", str(tmp_path), "--json")
+    proc = _cli_here("--dataset", "cifar10", "--data-dir", cifar_dirs, "--model", "digits_net", "--val-size", "4",
+                     "--epochs", "2", "--measure", NAN_GENOME, "--out", str(tmp_path), "--json")
     assert proc.returncode == 0 and "Traceback" not in proc.stderr
     summary = json.loads(proc.stdout.splitlines()[-1])
     assert summary["status"] == "diverged" and summary["test_acc"] is None
