@@ -23,6 +23,15 @@ from refimpl import Genome, isa
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.parametrize("option,text", [("--batch", "٦٤"), ("--threads", "２"), ("--batch", "0")])
+def test_infer_counts_take_ascii_digits_only(tmp_path, capsys, option, text):
+    from refimpl.engine import infer
+
+    assert infer.main([str(tmp_path / "absent.bnn"), "--digits", option, text]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and option in err[0] and "positive integer" in err[0], err
+
+
 # ---------------------------------------------------------------------------------------------
 # Genome text: ASCII digits only
 

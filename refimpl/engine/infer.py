@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from ..cli import OneLineParser
+from ..cli import OneLineParser, positive_int
 from ..datasets import DATASETS, dataset_arg
 from ..fileio import atomic_file, check_output
 
@@ -54,8 +54,8 @@ def _parser() -> argparse.ArgumentParser:
                                                             "(official mirrors, SHA-256 checked)")
     p.add_argument("--labels", metavar="Y.npy", help="integer labels for --input, to report accuracy")
     p.add_argument("--normalized", action="store_true", help="--input is float32 NCHW already normalized")
-    p.add_argument("--batch", type=int, default=64, help="images per forward pass (default 64)")
-    p.add_argument("--threads", type=int, help="Numba threads (default: all cores)")
+    p.add_argument("--batch", type=positive_int, default=64, help="images per forward pass (default 64)")
+    p.add_argument("--threads", type=positive_int, help="Numba threads (default: all cores)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
     p.add_argument("--out", metavar="PREDS.npy", help="save predicted class indices (int64)")
     return p
