@@ -449,7 +449,7 @@ def test_bad_labels_and_missing_input_are_one_line_errors(small_model, tmp_path)
     for args, needle in (
         (["--input", tmp_path / "x.npy", "--labels", tmp_path / "y.npy"], "--labels must be 3 integers"),
         (["--input", tmp_path / "nope.npy"], "does not exist"),
-        (["--input", tmp_path / "x.npy", "--batch", "0"], "--batch must be at least 1"),
+        (["--input", tmp_path / "x.npy", "--batch", "0"], "argument --batch: expected a positive integer"),
     ):
         r = _infer_here(small_model, *args)
         assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -187,7 +187,9 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    args, status = _parser().parse(argv)
+    if args is None:
+        return status
     try:
         summary = run(args)
     except (ValueError, FileNotFoundError, OSError) as exc:
