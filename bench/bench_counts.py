@@ -59,10 +59,12 @@ LAYERS = ((64, 32), (128, 16), (256, 8), (512, 4))  # (channels, spatial) of Res
 
 
 def cpu_name() -> str:
+    """The CPU's model name."""
     return info.cpu_model()
 
 
 def load_average() -> str:
+    """The 1, 5 and 15 minute load averages as text, or "n/a" where the OS has none."""
     return " ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
 
 
@@ -80,6 +82,7 @@ class Ceiling:
     note: str  # the harness's line of every loop's rate, or why nothing was measured
 
     def line(self) -> str:
+        """One line for the report: the ceiling and how it was measured, or why it was not."""
         if self.tera is None:
             return f"popcount ceiling of the {self.path} path: not measured ({self.note}); no ratio to it"
         return (f"popcount ceiling of the {self.path} path, measured now: {self.tera:.2f} T binary MACs/s "
@@ -137,7 +140,66 @@ def _write_outputs_only(stage, positions, n_out, px, pw, n, a, b, c, d, misalign
                      misaligned, True)
 
 
+def _time_layer(rng, n: int, channels: int, size: int, rounds: int, repeats: int) -> dict[str, np.ndarray]:
+    """Every row's per-round times on one 3x3 layer (``channels`` in and out, ``size`` x ``size``, batch ``n``)."""
+    import torch
+    import torch.nn.functional as F
+
+    x = rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=(n, channels, size, size))
+    w = rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=(channels, channels, 3, 3))
+    xt, wt = torch.from_numpy(x), torch.from_numpy(w)
+    xcl = xt.contiguous(memory_format=torch.channels_last)
+    wcl = wt.contiguous(memory_format=torch.channels_last)
+    xp, wp = pack_nchw(x), pack_bits(np.moveaxis(w, 1, -1))
+    a = np.empty((n, channels, size * size), dtype=np.int64)
+    out = tuple(np.empty((n, channels, size, size), dtype=np.int64) for _ in range(4))
+    positions = size * size
+    ld = -(-positions // 16) * 16
+    stage = np.zeros(channels * ld, dtype=np.int64)
+    zeros_x = np.zeros(n * positions, dtype=np.int64)
+    zeros_w = np.zeros(channels * positions, dtype=np.int64)
+    zeros_n = np.zeros(positions, dtype=np.int64)
+
+    def outputs_alone():
+        flats = [t.reshape(-1) for t in fresh_outputs((n, channels, size, size))]
+        misaligned = np.array([address(t) % 64 // 8 for t in flats], dtype=np.int64)
+        _write_outputs_only(stage, positions, channels, zeros_x, zeros_w, zeros_n, *flats, misaligned)
+
+    with torch.inference_mode():
+        return interleaved_times({
+            "torch": lambda: F.conv2d(xt, wt, padding=1),
+            "torch channels_last": lambda: F.conv2d(xcl, wcl, padding=1),
+            "kernel": lambda: blocked.popcount_conv(xp, wp, (1, 1), (1, 1), (1, 1), size, size, a),
+            "packed": lambda: counts_conv2d_packed(xp, wp, channels, 1, 1, 1),
+            "api": lambda: refimpl.counts_conv2d(x, w, 1, 1, 1),
+            "out": lambda: refimpl.counts_conv2d(x, w, 1, 1, 1, out=out),
+            "outputs": outputs_alone,
+        }, rounds, repeats)
+
+
+def _print_row(channels: int, size: int, macs: int, times: dict[str, np.ndarray], peak: float | None) -> float:
+    """Print one layer's row of the table; torch's median seconds on it."""
+    torch_rounds = np.minimum(times["torch"], times["torch channels_last"])
+    t_torch = float(np.median(torch_rounds))
+    ms = lambda name: float(np.median(times[name])) * 1e3  # noqa: E731
+    tera = lambda t_ms: macs / (t_ms * 1e-3) / 1e12  # noqa: E731
+
+    def with_ratio(name):
+        ratios = torch_rounds / times[name]
+        return f"{ms(name):6.2f} ms x{np.median(ratios):4.1f} {ratios.min():3.1f}-{ratios.max():3.1f}"
+
+    peak_share = f"{tera(ms('kernel')) / peak:.0%}" if peak else "n/a"
+    print(
+        f"{f'{channels}ch {size}x{size}':>11} | {t_torch * 1e3:9.2f} ms | "
+        f"{ms('kernel'):6.2f} ms {tera(ms('kernel')):4.2f}T | {with_ratio('packed')} | "
+        f"{with_ratio('api')} | {with_ratio('out')} | {ms('outputs'):10.2f} ms | {peak_share:>11}"
+    )
+    sys.stdout.flush()
+    return t_torch
+
+
 def main(argv=None) -> int:
+    """Print the table of every layer, the ceiling and the torch count path's table; 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for numba and torch (default: all cores)")
     parser.add_argument("--batch", type=int, default=64)
@@ -146,7 +208,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     import torch
-    import torch.nn.functional as F
 
     torch.set_num_threads(args.threads)
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
@@ -162,53 +223,9 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     n = args.batch
     for channels, size in LAYERS:
-        x = rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=(n, channels, size, size))
-        w = rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=(channels, channels, 3, 3))
         macs = n * size * size * channels * channels * 9
-        xt, wt = torch.from_numpy(x), torch.from_numpy(w)
-        xcl = xt.contiguous(memory_format=torch.channels_last)
-        wcl = wt.contiguous(memory_format=torch.channels_last)
-        xp, wp = pack_nchw(x), pack_bits(np.moveaxis(w, 1, -1))
-        a = np.empty((n, channels, size * size), dtype=np.int64)
-        out = tuple(np.empty((n, channels, size, size), dtype=np.int64) for _ in range(4))
-        positions = size * size
-        ld = -(-positions // 16) * 16
-        stage = np.zeros(channels * ld, dtype=np.int64)
-        zeros_x = np.zeros(n * positions, dtype=np.int64)
-        zeros_w = np.zeros(channels * positions, dtype=np.int64)
-        zeros_n = np.zeros(positions, dtype=np.int64)
-
-        def outputs_alone():
-            flats = [t.reshape(-1) for t in fresh_outputs((n, channels, size, size))]
-            misaligned = np.array([address(t) % 64 // 8 for t in flats], dtype=np.int64)
-            _write_outputs_only(stage, positions, channels, zeros_x, zeros_w, zeros_n, *flats, misaligned)
-
-        with torch.inference_mode():
-            times = interleaved_times({
-                "torch": lambda: F.conv2d(xt, wt, padding=1),
-                "torch channels_last": lambda: F.conv2d(xcl, wcl, padding=1),
-                "kernel": lambda: blocked.popcount_conv(xp, wp, (1, 1), (1, 1), (1, 1), size, size, a),
-                "packed": lambda: counts_conv2d_packed(xp, wp, channels, 1, 1, 1),
-                "api": lambda: refimpl.counts_conv2d(x, w, 1, 1, 1),
-                "out": lambda: refimpl.counts_conv2d(x, w, 1, 1, 1, out=out),
-                "outputs": outputs_alone,
-            }, args.rounds, args.repeats)
-        torch_rounds = np.minimum(times["torch"], times["torch channels_last"])
-        t_torch = float(np.median(torch_rounds))
-        ms = lambda name: float(np.median(times[name])) * 1e3  # noqa: E731
-        tera = lambda t_ms: macs / (t_ms * 1e-3) / 1e12  # noqa: E731
-
-        def with_ratio(name):
-            ratios = torch_rounds / times[name]
-            return f"{ms(name):6.2f} ms x{np.median(ratios):4.1f} {ratios.min():3.1f}-{ratios.max():3.1f}"
-
-        peak_share = f"{tera(ms('kernel')) / peak:.0%}" if peak else "n/a"
-        print(
-            f"{f'{channels}ch {size}x{size}':>11} | {t_torch * 1e3:9.2f} ms | "
-            f"{ms('kernel'):6.2f} ms {tera(ms('kernel')):4.2f}T | {with_ratio('packed')} | "
-            f"{with_ratio('api')} | {with_ratio('out')} | {ms('outputs'):10.2f} ms | {peak_share:>11}"
-        )
-        sys.stdout.flush()
+        times = _time_layer(rng, n, channels, size, args.rounds, args.repeats)
+        t_torch = _print_row(channels, size, macs, times, peak)
     print("# T = tera binary MACs/s; xR lo-hi = speed-up over torch conv2d float32: median round, lowest, highest")
     print("# kernel/peak: the kernel's wall-clock rate over the ceiling's CPU-time rate (the loop when it has the "
           f"cores): on a busy machine it reads low (load average now {load_average()})")

@@ -44,6 +44,8 @@ from bench_counts import cpu_name, popcount_peak  # noqa: E402
 
 
 def build_models(seed: int = 0):
+    """Binary and float ResNet-18 (CIFAR shape) with seeded random weights and BatchNorm statistics
+    set from one random batch; returns ``(binary, float, bnn.export.export_model)``."""
     import torch
 
     from bnn.export import export_model
@@ -65,6 +67,7 @@ def build_models(seed: int = 0):
 
 
 def median(times) -> float:
+    """Median of a sequence of seconds, as a Python float."""
     return float(np.median(times))
 
 
@@ -100,6 +103,7 @@ def interleaved(fns: dict, repeats: int, cpu: dict | None = None, block: int = 1
 
 
 def binary_macs(conv, n_img, out_h, out_w) -> int:
+    """Nominal binary MACs of one convolution at this batch: N*Ho*Wo * O * C*KH*KW."""
     kh, kw = conv.kernel
     return n_img * out_h * out_w * conv.out_channels * conv.in_channels * kh * kw
 
@@ -124,6 +128,7 @@ def gemm_report(model, x, repeats, cpu_seconds: list | None = None):
 
 
 def layer_report(model, x, repeats):
+    """Per engine layer: (label, median seconds) over ``repeats`` timed runs on ``x``."""
     per = {}
     for _ in range(repeats):
         model.run(x, timings=True)
@@ -132,37 +137,35 @@ def layer_report(model, x, repeats):
     return [(k, median(v)) for k, v in per.items()]
 
 
-def main(argv=None) -> int:
+def _parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--no-layers", action="store_true", help="skip the per-layer and GEMM tables")
     p.add_argument("--json", action="store_true", help="end with one JSON line of the headline numbers")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def _models(threads: int):
+    """The binary model, its float twin (channels_last) and the engine loaded from the binary one's export."""
     import torch
 
-    from refimpl import engine, info, isa
+    from refimpl import engine
 
-    torch.set_num_threads(args.threads)
-    numba.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
+    numba.set_num_threads(threads)
     bin_model, float_model, export_model = build_models()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "resnet18.bnn")
         export_model(bin_model, path)
         eng = engine.load(path)
     float_model = float_model.to(memory_format=torch.channels_last)
+    return bin_model, float_model, eng
 
-    rng = np.random.default_rng(0)
-    xb = rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32)
-    x1 = xb[:1].copy()
-    tb = torch.from_numpy(xb).contiguous(memory_format=torch.channels_last)
-    t1 = torch.from_numpy(x1).contiguous(memory_format=torch.channels_last)
 
-    def torch_run(t):
-        with torch.inference_mode():
-            return float_model(t)
+def _check_engine(eng, bin_model, x1) -> None:
+    import torch
 
     # The same predictions are not expected (different networks); check the engine is the real
     # binary model on this input by comparing with its own torch version once.
@@ -170,6 +173,20 @@ def main(argv=None) -> int:
         ref = bin_model(torch.from_numpy(x1)).numpy()
     got = eng.run(x1)
     assert np.array_equal(got.argmax(1), ref.argmax(1)) and np.allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def _speed_table(args, eng, float_model, xb, x1) -> dict:
+    """Time engine against torch at batch 1 and ``args.batch``, print both tables; the JSON summary."""
+    import torch
+
+    from refimpl import info, isa
+
+    tb = torch.from_numpy(xb).contiguous(memory_format=torch.channels_last)
+    t1 = torch.from_numpy(x1).contiguous(memory_format=torch.channels_last)
+
+    def torch_run(t):
+        with torch.inference_mode():
+            return float_model(t)
 
     lat_cpu, thr_cpu = {}, {}
     lat = interleaved({"engine": lambda: eng.run(x1), "torch": lambda: torch_run(t1)}, args.repeats, lat_cpu, block=5)
@@ -197,14 +214,15 @@ def main(argv=None) -> int:
     print(f"{'torch float32 channels_last':28s} {c1t:13.3f} ms {cit:18.0f}")
     print(f"{'speed-up':28s} {c1t / c1e:15.1f}x {cie / cit:17.1f}x")
 
-    summary = {"isa_path": isa.current_path(), "cpu": cpu_name(), "threads": args.threads, "batch": args.batch,
-               "engine_ms_batch1": b1e, "torch_ms_batch1": b1t, "engine_images_per_s": ipe,
-               "torch_images_per_s": ipt, "speedup_batch1": b1t / b1e, "speedup_batch": ipe / ipt,
-               "load_average": list(load)}
-    if args.no_layers:
-        if args.json:
-            print(json.dumps(summary))
-        return 0
+    return {"isa_path": isa.current_path(), "cpu": cpu_name(), "threads": args.threads, "batch": args.batch,
+            "engine_ms_batch1": b1e, "torch_ms_batch1": b1t, "engine_images_per_s": ipe,
+            "torch_images_per_s": ipt, "speedup_batch1": b1t / b1e, "speedup_batch": ipe / ipt,
+            "load_average": list(load)}
+
+
+def _layer_tables(args, eng, xb, x1, summary: dict) -> None:
+    """Print the GEMM rate against the popcount ceiling and the per-layer table at batch 1 and
+    ``args.batch``; add the rates to ``summary``."""
     ceiling = popcount_peak(args.threads)
     peak = ceiling.tera
     print(f"\n{ceiling.line()}")
@@ -227,18 +245,37 @@ def main(argv=None) -> int:
               f"{gemm_total * 1e3:.3f} ms for {macs / 1e9:.2f} G binary MACs = {gemm_rate:.2f} T/s; {share}")
         summary[f"gemm_tera_macs_batch{n_img}"] = gemm_rate
         summary[f"gemm_tera_macs_cpu_time_batch{n_img}"] = gemm_cpu_rate
-        print(f"  {'layer':16s} {'ms':>8s} {'GEMM ms':>8s} {'GEMM T/s':>9s}  shape (N, C, HxW out, O, k)")
-        by_unit = {}
-        for name, m_, t, shape in rows:
-            unit = name.rsplit(".", 1)[0]
-            by_unit.setdefault(unit, []).append((name, m_, t, shape))
-        for label, t in layers.items():
-            g = by_unit.get(label, [])
-            gt = sum(r[2] for r in g)
-            gm = sum(r[1] for r in g)
-            shapes = "; ".join(f"{s[0]},{s[1]},{s[2]}x{s[2]},{s[3]},{s[4]}" for *_, s in g)
-            rate = f"{gm / gt / 1e12:9.2f}" if gt else f"{'':9s}"
-            print(f"  {label:16s} {t * 1e3:8.3f} {gt * 1e3:8.3f} {rate}  {shapes}")
+        _print_layers(rows, layers)
+
+
+def _print_layers(rows, layers: dict) -> None:
+    """One line per engine layer: its time, the GEMMs of its unit alone, their rate and shapes."""
+    print(f"  {'layer':16s} {'ms':>8s} {'GEMM ms':>8s} {'GEMM T/s':>9s}  shape (N, C, HxW out, O, k)")
+    by_unit = {}
+    for name, m_, t, shape in rows:
+        unit = name.rsplit(".", 1)[0]
+        by_unit.setdefault(unit, []).append((name, m_, t, shape))
+    for label, t in layers.items():
+        g = by_unit.get(label, [])
+        gt = sum(r[2] for r in g)
+        gm = sum(r[1] for r in g)
+        shapes = "; ".join(f"{s[0]},{s[1]},{s[2]}x{s[2]},{s[3]},{s[4]}" for *_, s in g)
+        rate = f"{gm / gt / 1e12:9.2f}" if gt else f"{'':9s}"
+        print(f"  {label:16s} {t * 1e3:8.3f} {gt * 1e3:8.3f} {rate}  {shapes}")
+
+
+def main(argv=None) -> int:
+    """Run the benchmark and print its tables; 0."""
+    args = _parse_args(argv)
+
+    bin_model, float_model, eng = _models(args.threads)
+    rng = np.random.default_rng(0)
+    xb = rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32)
+    x1 = xb[:1].copy()
+    _check_engine(eng, bin_model, x1)
+    summary = _speed_table(args, eng, float_model, xb, x1)
+    if not args.no_layers:
+        _layer_tables(args, eng, xb, x1, summary)
     if args.json:
         print(json.dumps(summary))
     return 0
