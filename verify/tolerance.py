@@ -59,6 +59,7 @@ ZERO, SUB, RSUB = 1, 1, 2  # unary code 1 is a real zero; binary 1 is x-y, binar
 
 
 def ulp(values, dtype) -> np.ndarray:
+    """The spacing of each value rounded to ``dtype`` (one ulp there), as float64."""
     return np.spacing(np.abs(np.asarray(values, dtype=dtype))).astype(np.float64)
 
 
@@ -152,6 +153,74 @@ def operand_error(t, r) -> np.ndarray:
         return np.where(np.isfinite(t) & np.isfinite(r), np.abs(t - r), 0.0)
 
 
+def _report(failures: list[str], stage, bad, t, r) -> None:
+    """Append one line naming ``stage``, how many elements of ``bad`` disagree and the first of them."""
+    if bad.any():
+        i = np.flatnonzero(bad.reshape(-1))[0]
+        failures.append(
+            f"{stage}: {int(bad.sum())} of {bad.size} elements disagree; first: "
+            f"torch {np.asarray(t).reshape(-1)[i]!r} vs refimpl {np.asarray(r).reshape(-1)[i]!r}"
+        )
+
+
+def _rule2(failures: list[str], stage, t, r, dtype) -> None:
+    """Rule 2 on one node (identical operands in both paths); records the largest deviation seen in RELAXED."""
+    tol = ULPS * ulp(r, dtype)
+    finite = np.isfinite(t) & np.isfinite(r)
+    if finite.any():
+        with np.errstate(all="ignore"):
+            seen = np.abs(np.asarray(t, np.float64) - r)[finite] / ulp(r, dtype)[finite]
+        RELAXED["max_ulps"] = max(RELAXED["max_ulps"], float(np.nanmax(seen)))
+    _report(failures, stage, violations(t, r, tol), t, r)
+
+
+def _unary_nodes(codes, ref, counts_t, alpha_t, per_channel, dtype, failures: list[str]) -> dict[str, np.ndarray]:
+    """The torch path's four unary nodes, each checked by rule 2 (identical operands: the counts and alpha)."""
+    own = {}
+    for slot, name in enumerate(("U1", "U2", "U3", "U4")):
+        code = codes[slot]
+        row = alpha_t[slot].reshape(per_channel)
+        t = torch_unary(code, counts_t[slot], row).numpy()
+        r = ref[name]
+        _rule2(failures, f"{name} = unary {code} ({refimpl.UNARY[code].name})", t, r, dtype)
+        own[name] = t
+    return own
+
+
+def _binary_nodes(codes, ref, own: dict, relaxed: dict, dtype, failures: list[str]) -> None:
+    """The torch path's binary nodes into ``own``, each checked on refimpl's operands (rule 2), then on
+    its own operands against their forward-error bound (rule 3); relaxed elements (rules 4, 5) into ``relaxed``."""
+
+    def tensor(v):
+        return torch.as_tensor(np.asarray(v, dtype=dtype))
+
+    for name, code, (lx, rx) in (
+        ("B1", codes[4], ("U1", "U2")),
+        ("B2", codes[5], ("U3", "U4")),
+        ("out", codes[6], ("B1", "B2")),
+    ):
+        op = f"{name} = binary {code} ({refimpl.BINARY[code].name})"
+        r = ref[name]
+        t_same = torch_binary(code, tensor(ref[lx]), tensor(ref[rx])).numpy()
+        _rule2(failures, f"{op} on refimpl's operands", t_same, r, dtype)
+
+        t_own = torch_binary(code, tensor(own[lx]), tensor(own[rx])).numpy()
+        operands_differ = ~specials_match(own[lx], ref[lx]) | ~specials_match(own[rx], ref[rx])
+        operands_differ |= zero_signs_differ(own[lx], ref[lx]) | zero_signs_differ(own[rx], ref[rx])
+        dev, singular = _box_bound(
+            code, ref[lx], ref[rx], operand_error(own[lx], ref[lx]), operand_error(own[rx], ref[rx]), dtype
+        )
+        relaxed[name] = relaxed[lx] | relaxed[rx] | singular | operands_differ
+        _report(
+            failures,
+            f"{op} composed (forward-error bound)",
+            violations(t_own, r, dev + ULPS * ulp(r, dtype), skip=relaxed[name]),
+            t_own,
+            r,
+        )
+        own[name] = t_own
+
+
 def check_genome(codes, a, b, c, d, alpha, dtype) -> list[str]:
     """Compare the torch path with refimpl on one genome; return the failures (empty: agree).
 
@@ -166,63 +235,9 @@ def check_genome(codes, a, b, c, d, alpha, dtype) -> list[str]:
     per_channel = (1, a.shape[1]) + (1,) * (a.ndim - 2)
     failures = []
 
-    def rule2(stage, t, r):
-        tol = ULPS * ulp(r, dtype)
-        finite = np.isfinite(t) & np.isfinite(r)
-        if finite.any():
-            with np.errstate(all="ignore"):
-                seen = np.abs(np.asarray(t, np.float64) - r)[finite] / ulp(r, dtype)[finite]
-            RELAXED["max_ulps"] = max(RELAXED["max_ulps"], float(np.nanmax(seen)))
-        report(stage, violations(t, r, tol), t, r)
-
-    def report(stage, bad, t, r):
-        if bad.any():
-            i = np.flatnonzero(bad.reshape(-1))[0]
-            failures.append(
-                f"{stage}: {int(bad.sum())} of {bad.size} elements disagree; first: "
-                f"torch {np.asarray(t).reshape(-1)[i]!r} vs refimpl {np.asarray(r).reshape(-1)[i]!r}"
-            )
-
-    def tensor(v):
-        return torch.as_tensor(np.asarray(v, dtype=dtype))
-
-    # Unary nodes: identical operands in both paths (the counts and alpha), rule 2.
-    own = {}
-    for slot, name in enumerate(("U1", "U2", "U3", "U4")):
-        code = codes[slot]
-        row = alpha_t[slot].reshape(per_channel)
-        t = torch_unary(code, counts_t[slot], row).numpy()
-        r = ref[name]
-        rule2(f"{name} = unary {code} ({refimpl.UNARY[code].name})", t, r)
-        own[name] = t
+    own = _unary_nodes(codes, ref, counts_t, alpha_t, per_channel, dtype, failures)
     relaxed = {name: np.zeros(ref["out"].shape, dtype=bool) for name in own}
-
-    # Binary nodes: first on refimpl's own operands (identical inputs, rule 2), then the torch
-    # path's own value against the forward-error bound of its operands (rule 3).
-    for name, code, (lx, rx) in (
-        ("B1", codes[4], ("U1", "U2")),
-        ("B2", codes[5], ("U3", "U4")),
-        ("out", codes[6], ("B1", "B2")),
-    ):
-        op = f"{name} = binary {code} ({refimpl.BINARY[code].name})"
-        r = ref[name]
-        t_same = torch_binary(code, tensor(ref[lx]), tensor(ref[rx])).numpy()
-        rule2(f"{op} on refimpl's operands", t_same, r)
-
-        t_own = torch_binary(code, tensor(own[lx]), tensor(own[rx])).numpy()
-        operands_differ = ~specials_match(own[lx], ref[lx]) | ~specials_match(own[rx], ref[rx])
-        operands_differ |= zero_signs_differ(own[lx], ref[lx]) | zero_signs_differ(own[rx], ref[rx])
-        dev, singular = _box_bound(
-            code, ref[lx], ref[rx], operand_error(own[lx], ref[lx]), operand_error(own[rx], ref[rx]), dtype
-        )
-        relaxed[name] = relaxed[lx] | relaxed[rx] | singular | operands_differ
-        report(
-            f"{op} composed (forward-error bound)",
-            violations(t_own, r, dev + ULPS * ulp(r, dtype), skip=relaxed[name]),
-            t_own,
-            r,
-        )
-        own[name] = t_own
+    _binary_nodes(codes, ref, own, relaxed, dtype, failures)
 
     # bnn.measure itself must be exactly the step-by-step torch evaluation (same wiring).
     whole = torch_measure(
