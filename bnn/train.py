@@ -83,6 +83,7 @@ _DIGITS = PRESETS["digits"]
 
 @dataclass
 class TrainConfig:
+    """Every setting of one training run; ``validate()`` checks them all."""
     model: str = "digits_net"
     dataset: str = "digits"
     measure: str = "baseline"
@@ -109,11 +110,13 @@ class TrainConfig:
 
     @classmethod
     def from_preset(cls, preset: str, **overrides) -> "TrainConfig":
+        """A config with the preset's hyperparameters, then ``overrides`` on top."""
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         return cls(**{**PRESETS[preset], **overrides})
 
     def validate(self) -> None:
+        """Check every setting (one-line ValueError naming the bad one); canonicalizes measure and dataset."""
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
         self.measure = str(Genome.parse(self.measure))
@@ -154,6 +157,7 @@ def check_settings(cfg: TrainConfig, data_sizes: bool = True) -> None:
 
 @dataclass
 class TrainResult:
+    """Outcome of one training: status, validation accuracies, test accuracy, epochs and wall time."""
     status: str  # "ok" | "rejected" | "diverged"
     val_acc: float | None  # last epoch's; for "diverged" the accuracy at the moment it diverged
     val_acc_per_epoch: list[float] = field(default_factory=list)
@@ -165,6 +169,7 @@ class TrainResult:
     config: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
+        """The result as a plain dict (JSON-ready apart from non-finite floats)."""
         return asdict(self)
 
 
@@ -239,6 +244,7 @@ def _save_checkpoint(path, model, optimizer, scheduler, gen, cfg, data, epoch, h
 
 
 def load_checkpoint(path: str) -> dict:
+    """Read a bnn.train checkpoint (weights_only); a missing or foreign file is a one-line error."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path!r}")
     try:
@@ -568,6 +574,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args, ckpt: dict | None = None) -> TrainConfig:
+    """The TrainConfig of parsed command-line ``args``: a preset with overrides, or the resumed run's own."""
     if args.resume:
         ckpt = ckpt or load_checkpoint(os.path.join(args.resume, CHECKPOINT))
         saved = dict(ckpt["config"])
@@ -623,6 +630,7 @@ _KILL_ENV = "BNN_TRAIN_KILL_AFTER_EPOCH"
 
 
 def main(argv=None) -> int:
+    """Run ``python -m bnn.train`` with ``argv``; returns the exit status (0, or 2 for refused input)."""
     parser = _parser()
     args, code = parser.parse(argv)
     if args is None:

@@ -1,3 +1,4 @@
+"""``python -m bnn.search``: runs the search's command line (bnn.search.cli.main)."""
 import sys
 
 from .cli import main

@@ -40,7 +40,7 @@ RUN_CONTROL = ("max_evaluations", "max_trainings", "patience", "max_minutes", "w
 
 
 class CliError(Exception):
-    pass
+    """A refused command line: reported as one ``error:`` line with exit status 2."""
 
 
 class _Parser(OneLineParser):
@@ -68,6 +68,7 @@ NEW_RUN_ONLY = ("run_dir", "preset")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m bnn.search`` (flags in the groups search, fitness training, running)."""
     p = _Parser(
         prog="python -m bnn.search",
         description="Search similarity measures for BNNs with the paper's genetic algorithm (Algorithm 1). "
@@ -252,6 +253,7 @@ def _lock_new(run_dir: Path):
 
 
 def main(argv=None) -> int:
+    """Run ``python -m bnn.search`` with ``argv``; returns the exit status (0, 2 for refused input, 130 for Ctrl-C)."""
     prog = "bnn.search"
     lock = None
     try:

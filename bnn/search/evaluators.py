@@ -38,6 +38,7 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class SerialEvaluator:
+    """Runs each job in this process, one at a time, when polled (the serial backend)."""
     slots = 1
     trains_in_process = True
 
@@ -47,9 +48,11 @@ class SerialEvaluator:
         self.busy_s = 0.0  # time spent inside the fitness function (to measure engine overhead)
 
     def submit(self, job: dict) -> None:
+        """Queue a job; it runs at the next poll."""
         self.queue.append(job)
 
     def poll(self, timeout: float | None = None) -> list[tuple[int, dict]]:
+        """Run the oldest queued job to the end and return its (seq, result)."""
         job = self.queue.pop(0)  # run here, to the end: the engine lets Ctrl-C interrupt it
         t0 = time.perf_counter()
         res = self.worker.run(job)
@@ -58,10 +61,11 @@ class SerialEvaluator:
 
     @property
     def outstanding(self) -> int:
+        """Jobs queued and not yet run."""
         return len(self.queue)
 
     def close(self) -> None:
-        pass
+        """Nothing to release: no process or thread was started."""
 
 
 # -- local worker processes ------------------------------------------------------------------------
@@ -139,6 +143,7 @@ def _pool_main(fitness_spec, train, jobs, results, parent_pid=None, alive=None):
 
 
 class LocalPoolEvaluator:
+    """Worker processes on this machine (spawned, one GPU each when there are GPUs); restarts a dead one."""
     trains_in_process = False
 
     def __init__(self, fitness_spec: str, train: dict, workers: int, gpus: list[str]):
@@ -185,9 +190,11 @@ class LocalPoolEvaluator:
 
     @property
     def outstanding(self) -> int:
+        """Jobs at a worker or waiting for a free one."""
         return sum(j is not None for j in self.running) + len(self.backlog)
 
     def submit(self, job: dict) -> None:
+        """Hand the job to a free worker, or keep it in the backlog until one is free."""
         if None not in self.running:
             self.backlog.append(job)
             return
@@ -196,6 +203,7 @@ class LocalPoolEvaluator:
         self.inboxes[i].put(job)
 
     def poll(self, timeout: float | None = None) -> list[tuple[int, dict]]:
+        """Finished (seq, result) pairs, waiting at most ``timeout`` seconds (None: until one finishes)."""
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             # Checked on every poll, not only when results stop coming: otherwise a dead worker
@@ -323,6 +331,7 @@ def start_local_ray(num_cpus: int) -> str:
 
 
 class RayEvaluator:
+    """Ray actors, one per GPU of the cluster (or per CPU slot), that run the jobs (the ray backend)."""
     trains_in_process = False
 
     def __init__(self, fitness_spec: str, train: dict, workers: int | None, address: str | None):
@@ -352,9 +361,11 @@ class RayEvaluator:
 
     @property
     def outstanding(self) -> int:
+        """Jobs at an actor or waiting for a free one."""
         return len(self.running) + len(self.backlog)
 
     def submit(self, job: dict) -> None:
+        """Hand the job to a free actor, or keep it in the backlog until one is free."""
         used = {i for i, _ in self.running.values()}
         free = [k for k in range(len(self.actors)) if k not in used]
         if not free:
@@ -363,6 +374,7 @@ class RayEvaluator:
         self.running[self.actors[free[0]].run.remote(job)] = (free[0], job)
 
     def poll(self, timeout: float | None = None) -> list[tuple[int, dict]]:
+        """Finished (seq, result) pairs, waiting at most ``timeout`` seconds; a dead actor's job is an error result."""
         ready, _ = self.ray.wait(list(self.running), num_returns=1, timeout=timeout)
         out = []
         for ref in ready:
@@ -380,6 +392,7 @@ class RayEvaluator:
         return out
 
     def close(self) -> None:
+        """Kill every actor (best effort)."""
         for a in self.actors:
             try:
                 self.ray.kill(a)

@@ -101,6 +101,7 @@ def _rounded(y: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Analysis:
+    """A genome's functional hash and, if it is screened out untrained, why."""
     hash: str
     screen_reason: str | None  # why it is rejected untrained, or None
 
@@ -185,6 +186,7 @@ class FitnessCache:
         self._analysis: dict[str, Analysis] = {}
 
     def analysis(self, genome: str) -> Analysis:
+        """The genome's Analysis, computed once and memoized."""
         a = self._analysis.get(genome)
         if a is None:
             a = self._analysis[genome] = analyse(genome)
@@ -192,6 +194,7 @@ class FitnessCache:
 
     @property
     def needs_analysis(self) -> bool:
+        """Whether lookups need the functional analysis (equivalence or screening is on)."""
         return self.use_equivalence or self.use_screening
 
     def record(self, genome: str, result: dict, fhash: str | None, reused=False) -> None:
@@ -206,6 +209,7 @@ class FitnessCache:
             htable[fhash] = (genome, rec)
 
     def lookup(self, genome: str, threshold: float):
+        """(source, result, duplicate_of) for a genome that needs no training under ``threshold``, else None."""
         if self.use_cache:
             for source, table in (("cache", self.by_genome), ("reuse", self.reused)):
                 rec = table.get(genome)
@@ -228,6 +232,7 @@ class FitnessCache:
         return None
 
     def fhash(self, genome: str) -> str | None:
+        """The genome's functional hash, or None when equivalence is off."""
         return self.analysis(genome).hash if self.use_equivalence else None
 
 

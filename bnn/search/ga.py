@@ -63,14 +63,17 @@ class Thresholds:
         self.steps = steps
 
     def at(self, index: int) -> float:
+        """The threshold T in force for the proposal with index ``index``."""
         return self.values[bisect.bisect_right(self.steps, index) - 1]
 
     def to_dict(self) -> dict:
+        """The schedule as JSON: values and the evaluation index at which each takes over."""
         return {"values": self.values, "steps": self.steps}
 
 
 @dataclass
 class Member:
+    """One member of the population: genome, fitness and the evaluation (seq) that scored it."""
     genome: str
     fitness: float
     seq: int
@@ -78,6 +81,7 @@ class Member:
 
 @dataclass
 class Proposal:
+    """One candidate to evaluate: its seq, genome, kind, threshold T and (for a child) how it was bred."""
     seq: int
     genome: str
     kind: str  # "init" (random, kept only above T), "baseline", or "child"
@@ -85,6 +89,7 @@ class Proposal:
     how: dict = field(default_factory=dict)  # selection/crossover/mutation details of a child
 
     def to_dict(self) -> dict:
+        """The proposal as the journal's JSON fields."""
         return {"seq": self.seq, "genome": self.genome, "kind": self.kind, "T": self.threshold, **self.how}
 
 
@@ -115,6 +120,7 @@ class GeneticSearch:
 
     # -- protocol ----------------------------------------------------------------------------------
     def propose(self) -> Proposal:
+        """The next candidate: random (initialization), the baseline, or a child bred from the population."""
         seq = self.next_seq
         T = self.thresholds.at(seq)
         if self.formed:

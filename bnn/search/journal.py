@@ -20,7 +20,7 @@ JOURNAL = "journal.jsonl"
 
 
 class JournalError(ValueError):
-    pass
+    """A journal that cannot be read (no start line, garbage before the last line) or replayed (it diverges)."""
 
 
 def read(path: Path) -> tuple[list[dict], int]:
@@ -47,6 +47,7 @@ def read(path: Path) -> tuple[list[dict], int]:
 
 
 class Journal:
+    """An open journal file that appends whole JSON lines."""
     def __init__(self, path: Path, fh):
         self.path = Path(path)
         self._fh = fh
@@ -54,6 +55,7 @@ class Journal:
     @classmethod
     def create(cls, path: Path, start: dict) -> "Journal":
         # O_EXCL: never clobber an existing journal; O_APPEND: every write lands at the end.
+        """Create a new journal at ``path`` (never over an existing one) holding its start line."""
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | getattr(os, "O_BINARY", 0), 0o666)
         j = cls(path, os.fdopen(fd, "ab"))
         j.append({"type": "start", **start})
@@ -80,12 +82,15 @@ class Journal:
             self.sync()
 
     def flush(self) -> None:
+        """Hand written lines to the OS (visible to readers, not yet durable)."""
         self._fh.flush()
 
     def sync(self) -> None:
+        """Flush and fsync: every line written so far is durable."""
         self._fh.flush()
         os.fsync(self._fh.fileno())
 
     def close(self) -> None:
+        """Close the file (once; a second call does nothing)."""
         if not self._fh.closed:
             self._fh.close()

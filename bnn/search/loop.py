@@ -53,6 +53,7 @@ JOURNAL_DEFAULTS = {"downsample": "binary", "train_size": None}
 
 @dataclass
 class SearchConfig:
+    """Every setting of one search: what it computes (SEARCH_FIELDS) and how it runs (run control)."""
     dataset: str = "digits"
     model: str = "digits_net"
     downsample: str = "binary"  # binary | real: shortcut of units that change size or width (docs/design.md section 6)
@@ -84,6 +85,7 @@ class SearchConfig:
     device: str = "auto"
 
     def train_dict(self) -> dict:
+        """The fitness training's settings as the workers take them."""
         return {"dataset": self.dataset, "model": self.model, "downsample": self.downsample, "epochs": self.epochs,
                 "batch_size": self.batch_size, "lr": self.lr, "val_size": self.val_size,
                 "train_size": self.train_size, "seed": self.train_seed, "data_dir": self.data_dir, "device": self.device}
@@ -101,6 +103,7 @@ def _clean(v):
 
 
 class Search:
+    """One search run: GA, fitness cache, journal and evaluator, driven by ``run()``."""
     def __init__(self, cfg: SearchConfig, run_dir: Path, *, progress: bool = True):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -125,6 +128,7 @@ class Search:
 
     # -- setup -------------------------------------------------------------------------------------
     def load_reuse(self) -> int:
+        """Load the trainings of the ``--reuse`` journals into the cache; returns how many."""
         n = 0
         for d in self.cfg.reuse:
             path = Path(d) / jr.JOURNAL
@@ -142,12 +146,14 @@ class Search:
         return n
 
     def start_new(self) -> None:
+        """Create the run folder and its journal with the start line."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / jr.JOURNAL
         self.journal = jr.Journal.create(path, {"version": 1, "time": time.time(), "config": asdict(self.cfg)})
 
     @staticmethod
     def config_from_journal(run_dir: Path) -> dict:
+        """The configuration stored in a run folder's journal, with defaults for keys older journals lack."""
         events, _ = jr.read(Path(run_dir) / jr.JOURNAL)
         return {**JOURNAL_DEFAULTS, **events[0]["config"]}
 
@@ -345,6 +351,7 @@ class Search:
 
     # -- summary -----------------------------------------------------------------------------------
     def summary_counts(self) -> dict:
+        """Tallies so far: evaluations, trainings, savings by source, rejected, diverged, errors."""
         src, st = self.counts["source"], self.counts["status"]
         return {
             "evaluations": len(self.results),
@@ -359,6 +366,7 @@ class Search:
         }
 
     def leaderboard(self) -> list[dict]:
+        """The population (or the members kept so far) as rows, best first."""
         rows = []
         for rank, m in enumerate(self.ga.members(), 1):
             e = self.results.get(m.seq, {})
@@ -369,6 +377,7 @@ class Search:
         return rows
 
     def summary(self) -> dict:
+        """The run's summary for results.json and ``--json``: the best measure, tallies, stop reason, timings."""
         board = self.leaderboard()
         best = None
         if board:

@@ -25,6 +25,7 @@ def prepare_outputs(run_dir: Path) -> None:
 
 
 def leaderboard_text(search: Search, top: int | None = None) -> str:
+    """The leaderboard as printed at the end of a search (the ``top`` best rows, or all)."""
     rows = search.leaderboard()[:top] if top else search.leaderboard()
     if not rows:
         return "leaderboard: no member yet (initialization has kept nobody)"
@@ -45,6 +46,7 @@ def leaderboard_text(search: Search, top: int | None = None) -> str:
 
 
 def write_results(search: Search) -> Path:
+    """Write RUN_DIR/results.json (config, summary, population, evaluations, history) atomically; returns its path."""
     path = search.run_dir / "results.json"
     write_json_atomic(path, {
         "config": _config(search),
