@@ -46,12 +46,12 @@ PACKAGE = Path(__file__).resolve().parent
 
 
 @contextlib.contextmanager
-def vectorizers(loop: bool):
-    """SLP on and the loop vectorizer ``loop`` in ``numba.config`` inside, restored after;
-    a setting the user made through the environment is left as it is."""
+def vectorizers(loop: bool, slp: bool = True):
+    """The SLP vectorizer ``slp`` and the loop vectorizer ``loop`` in ``numba.config`` inside,
+    restored after; a setting the user made through the environment is left as it is."""
     saved = numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE
     if "NUMBA_SLP_VECTORIZE" not in os.environ:
-        numba.config.SLP_VECTORIZE = 1
+        numba.config.SLP_VECTORIZE = int(slp)
     if "NUMBA_LOOP_VECTORIZE" not in os.environ:
         numba.config.LOOP_VECTORIZE = int(loop)
     try:
@@ -65,18 +65,35 @@ class _Compiler(compiler.Compiler):
     compiled inside another, as a callee, gets its own settings too)."""
 
     loop_vectorize = False
+    slp_vectorize = True
 
     def compile_extra(self, func):
-        with vectorizers(self.loop_vectorize):
+        with vectorizers(self.loop_vectorize, self.slp_vectorize):
             return super().compile_extra(func)
 
     def compile_ir(self, func_ir, lifted=(), lifted_from=None):
-        with vectorizers(self.loop_vectorize):
+        with vectorizers(self.loop_vectorize, self.slp_vectorize):
             return super().compile_ir(func_ir, lifted, lifted_from)
 
 
 class _LoopVectorizedCompiler(_Compiler):
     loop_vectorize = True
+
+
+class _ScalarCompiler(_Compiler):
+    """No SLP: for kernels whose vectors are written by hand (``kernels/byte_dot.py``), which SLP
+    re-packs into a tile that spills (docs/performance.md), and for their callers, whose final
+    optimization inlines them."""
+
+    slp_vectorize = False
+
+
+class _LoopOnlyCompiler(_LoopVectorizedCompiler):
+    slp_vectorize = False
+
+
+_PIPELINES = {(False, True): _Compiler, (True, True): _LoopVectorizedCompiler,
+              (False, False): _ScalarCompiler, (True, False): _LoopOnlyCompiler}
 
 
 def compiled_here(dispatcher) -> bool:
@@ -137,13 +154,14 @@ def _install_package_locators():
 _install_package_locators()
 
 
-def jit(fn=None, *, loop_vectorize: bool = False, **extra):
+def jit(fn=None, *, loop_vectorize: bool = False, slp_vectorize: bool = True, **extra):
     """``numba.njit`` with the project's options; ``jit(parallel=True)`` for drivers,
     ``jit("signature")`` to compile eagerly, at import (no kernel of the package does: a cold
     cache then costs every process seconds); ``loop_vectorize=True`` for elementwise
-    loops (refimpl/codegen/epilogue_template.py says when that is safe)."""
-    options = {**OPTIONS, **extra,
-               "pipeline_class": _LoopVectorizedCompiler if loop_vectorize else _Compiler}
+    loops (refimpl/codegen/epilogue_template.py says when that is safe); ``slp_vectorize=False``
+    for kernels vectorized by hand."""
+    pipeline = _PIPELINES[loop_vectorize, slp_vectorize]
+    options = {**OPTIONS, **extra, "pipeline_class": pipeline}
     if fn is None:
         return lambda f: numba.njit(**options)(f)
     if isinstance(fn, str):

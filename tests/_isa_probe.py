@@ -1,8 +1,9 @@
 """What one kernel path compiles to and computes: run as a script with REFIMPL_ISA set.
 
 Prints one JSON object: the path this process compiled for, instruction counts of the popcount
-panel (the blocked GEMM's inner loop) and of the stem's float tile, and whether the counts API
-matches the naive NumPy oracle (verify/naive.py) on shapes with word and tile tails.
+panel (the blocked GEMM's inner loop), of the engine's tile (the byte-lookup dot products on the
+paths without a vector popcount) and of the stem's float tile, and whether the counts API and the
+engine's tile match the naive NumPy oracle (verify/naive.py) on shapes with word and tile tails.
 ``tests/test_isa_paths.py`` runs it once per path the host can execute.
 """
 import json
@@ -18,7 +19,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import refimpl  # noqa: E402  (sets the target before anything compiles)
 from refimpl import isa  # noqa: E402
 from refimpl._jit import jit  # noqa: E402
-from refimpl.kernels import _tiles, tiling  # noqa: E402
+from refimpl.kernels import _tiles, blocked, tiling  # noqa: E402
+from refimpl.kernels.bits import pack_nchw  # noqa: E402
+from refimpl.kernels.byte_dot import BYTE_LOOKUP  # noqa: E402
 from refimpl.kernels.tiling import STEM_TILE  # noqa: E402
 from verify import naive  # noqa: E402
 
@@ -27,6 +30,7 @@ PATTERNS = {
     "vpshufb_zmm": r"vpshufb\s+[^\n]*%zmm",
     "vpshufb_ymm": r"vpshufb\s+[^\n]*%ymm",
     "scalar_popcnt": r"\bpopcnt[lq]?\s",
+    "vpaddb_ymm": r"vpaddb\s+[^\n]*%ymm",
     "zmm": r"%zmm",
     "ymm": r"%ymm",
     "fma_zmm": r"vfmadd\w*ps\s+[^\n]*%zmm",
@@ -36,8 +40,8 @@ PATTERNS = {
 }
 
 
-def _asm(fn, signature):
-    kernel = jit(signature, cache=False)(fn.py_func)  # uncached: a cached kernel has no asm to read
+def _asm(fn, signature, **options):
+    kernel = jit(signature, cache=False, **options)(fn.py_func)  # uncached: a cached kernel has no asm to read
     return kernel.inspect_asm(kernel.signatures[0])
 
 
@@ -64,6 +68,25 @@ def _counts_match_naive() -> list[str]:
     return failures
 
 
+def _engine_tile_failures() -> list[str]:
+    """The engine's tile (nhwc ConvPlan) against the naive oracle's ``a``: word tails, tile and
+    panel edges, more than 31 vectors a window (byte_dot's widening), all-ones windows."""
+    rng = np.random.default_rng(11)
+    failures = []
+    for n, c, size, o, k, ones in [(2, 64, 5, 9, 3, False), (1, 129, 4, 8, 3, False), (1, 65, 3, 17, 1, False),
+                                   (1, 960, 3, 8, 3, False), (1, 960, 3, 8, 3, True)]:
+        x = np.ones((n, c, size, size)) if ones else rng.choice([-1.0, 1.0], size=(n, c, size, size))
+        wt = np.ones((o, c, k, k)) if ones else rng.choice([-1.0, 1.0], size=(o, c, k, k))
+        pad = k // 2
+        plan = blocked.ConvPlan(pack_nchw(wt.astype(np.float32)), n, size, size, (1, 1), (pad, pad), layout="nhwc")
+        a = np.zeros((n, plan.out_h * plan.out_w, o), dtype=np.int32)
+        plan(plan.pad(pack_nchw(x.astype(np.float32))), a)
+        want = naive.counts_conv2d(x, wt, stride=1, padding=pad)[0].reshape(n, o, -1)
+        if not np.array_equal(a.transpose(0, 2, 1), want):
+            failures.append(f"engine tile {n}x{c}x{size}x{size} * {o}x{c}x{k}x{k}{' all ones' if ones else ''}")
+    return failures
+
+
 def probe() -> dict:
     panel = getattr(_tiles, tiling.panel_function_name(16, 8))
     pixels, channels = STEM_TILE
@@ -72,6 +95,10 @@ def probe() -> dict:
         "path": isa.current_path(),
         "cpu_name": numba.config.CPU_NAME,
         "panel": _counts(_asm(panel, tiling.PANEL_SIGNATURE)),
+        "byte_lookup": BYTE_LOOKUP,
+        "engine_tile": _counts(_asm(getattr(_tiles, tiling.tile_function_name(16, 8)), tiling.TILE_FUNCTION_SIGNATURE,
+                                    slp_vectorize=not BYTE_LOOKUP)),
+        "engine_failures": _engine_tile_failures(),
         "stem": _counts(_asm(stem, "void(f4[:, ::1], f4[:, ::1], i8, i8, i8, f4[:, ::1])")),
         "stem_tile": [pixels, channels],
         "counts_failures": _counts_match_naive(),

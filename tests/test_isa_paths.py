@@ -44,6 +44,32 @@ def test_each_path_counts_exactly_like_the_naive_oracle(path):
     result = _runnable(path)
     assert result["path"] == path
     assert result["counts_failures"] == []
+    assert result["engine_failures"] == []
+
+
+@pytest.mark.parametrize("path", ["avx512bw", "avx2"])
+def test_engine_tile_without_vector_popcount_accumulates_byte_lookups_in_ymm(path):
+    # refimpl/kernels/byte_dot.py: per vector of one (pixel, channel) pair two vpshufb and a
+    # vpaddb into its byte accumulator; 2 x 4 pairs a block.
+    result = _runnable(path)
+    asm = result["engine_tile"]
+    assert result["byte_lookup"] is True
+    assert asm["vpshufb_ymm"] >= 16 and asm["vpaddb_ymm"] >= 16
+    assert asm["vpopcntq_zmm"] == 0
+    if path == "avx2":
+        assert asm["zmm"] == 0
+
+
+def test_engine_tile_with_vector_popcount_keeps_the_outer_product():
+    result = _runnable("avx512-vpopcntdq")
+    assert result["byte_lookup"] is False
+    assert result["engine_tile"]["vpopcntq_zmm"] >= 16
+
+
+def test_portable_engine_tile_uses_no_avx_registers():
+    result = _runnable("portable")
+    assert result["byte_lookup"] is True
+    assert result["engine_tile"]["ymm"] == 0 and result["engine_tile"]["zmm"] == 0
 
 
 def test_a_forced_path_the_cpu_lacks_is_refused_and_a_bad_name_too():

@@ -184,6 +184,7 @@ def _module_head(g: Genome) -> list[str]:
         "from refimpl._jit import jit",
         "from refimpl._numba_ops import nan_max, nan_min",
         f"from refimpl.kernels._tiles import {_TILE}",
+        "from refimpl.kernels.byte_dot import BYTE_LOOKUP",
         "from refimpl.kernels.bits import sign_word",
         "from refimpl.kernels.fma import fma32",
         f"# refimpl sources {sources_stamp()}: any change to them recompiles this module",
@@ -254,7 +255,8 @@ def _fused_function(mode: str) -> list[str]:
         "",
         # No signature: compiled on first use by ``fused_kernel`` (3-5 s each, and a
         # model that never runs fused, or has no shortcut, does not pay for them).
-        "@jit(parallel=True, loop_vectorize=True)",
+        # SLP would re-pack the byte-lookup tile inlined here (refimpl/kernels/byte_dot.py).
+        "@jit(parallel=True, loop_vectorize=True, slp_vectorize=not BYTE_LOOKUP)",
         f"def fused_{mode}({gemm_args}, {scratch}, pw, npw, alpha, scale, shift{extra.replace(', a2, px2', '')}, out, bits, pack, width, pad_h, pad_w):",
         "    # The popcount GEMM and the epilogue in one parallel loop: a task is one tile of",
         f"    # {TILE_PIXELS} pixels with all their channels; its int32 ``a`` rows go to a per-thread block",

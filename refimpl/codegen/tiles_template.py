@@ -94,7 +94,7 @@ def _nhwc_kernel(P: int, Q: int) -> list[str]:
     i1, i2, i3 = _I1, _I2, _I3
     tile = tile_function_name(P, Q)
     return [
-        "@jit(parallel=True)",
+        "@jit(parallel=True, slp_vectorize=not BYTE_LOOKUP)",
         f"def {kernel_name(P, Q, 'nhwc')}(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a,",
         f"{i1}{' ' * len(kernel_name(P, Q, 'nhwc'))}px):",
         f"{i1}# px (N*Ho*Wo,) float32: each pixel's window popcount, from the tile's gather.",
@@ -118,7 +118,8 @@ def _nhwc_sources(P: int, Q: int) -> list[str]:
     i1 = _I1
     tile = tile_function_name(P, Q)
     lines = [
-        "@jit",
+        # SLP re-packs the byte-lookup branch's hand-written vectors into a tile that spills.
+        "@jit(slp_vectorize=not BYTE_LOOKUP)",
         f"def {tile}(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, first, panel0, panel1, xt, block, a, a_first, px):",
         f"{i1}# Pixels first .. first+{P - 1} (of n_pixels), panels [panel0, panel1); pixel r's",
         f"{i1}# channels go to a[(r - a_first) * n_out:], so ``a`` is the whole (N*Ho*Wo, O)",
@@ -136,8 +137,36 @@ def _nhwc_sources(P: int, Q: int) -> list[str]:
         # word there, a quarter of a 64-channel layer's GEMM time (measured at batch 64).
     ]
     lines += _nhwc_gather(P)
+    lines += _byte_lookup_panels(P, Q)
     lines += _panel_loop(P, Q, True, _I2, "panel0, panel1")
     return lines + _nhwc_store(P, Q) + ["", ""] + _nhwc_kernel(P, Q)
+
+
+def _byte_lookup_panels(P: int, Q: int) -> list[str]:
+    """The nhwc tile's panels on the paths without a vector popcount: ``byte_dot.dot_block``
+    over the pixel-major ``xt`` and weight rows (``weight_panels(..., rows=True)``), in blocks of
+    BLOCK_PIXELS x BLOCK_CHANNELS; a compile-time constant picks this branch or the one below."""
+    i1, i2, i3, i4 = _I1, _I2, _I3, _I4
+    call = "dot_block(xt, pp * steps, steps, wflat, wo + qq * steps, steps, steps, {out}, {at}, {ps}, {qs})"
+    loops = [f"for pp in range(0, {P}, BLOCK_PIXELS):", f"    for qq in range(0, {Q}, BLOCK_CHANNELS):"]
+    return [
+        f"{i1}if BYTE_LOOKUP:",
+        f"{i2}for panel in range(panel0, panel1):",
+        f"{i3}wo = panel * {Q} * steps",
+        f"{i3}if first + {P} <= n_pixels and panel * {Q} + {Q} <= n_out:",
+        f"{i4}{loops[0]}",
+        f"{i4}{loops[1]}",
+        f"{i4}        " + call.format(out="a", at=f"(first - a_first + pp) * n_out + panel * {Q} + qq", ps="n_out", qs="1"),
+        f"{i3}else:",
+        f"{i4}flat = block.reshape(-1)",
+        f"{i4}{loops[0]}",
+        f"{i4}{loops[1]}",
+        f"{i4}        " + call.format(out="flat", at=f"qq * {P} + pp", ps="1", qs=str(P)),
+        f"{i4}for p in range(min({P}, n_pixels - first)):",
+        f"{i4}    for j in range(min({Q}, n_out - panel * {Q})):",
+        f"{i4}        a[(first - a_first + p) * n_out + panel * {Q} + j] = np.int32(block[j, p])",
+        f"{i2}return",
+    ]
 
 
 def tile_kernel_source(pixels: int, channels: int, layout: str = "nchw") -> list[str]:
@@ -287,6 +316,7 @@ def generate_tiles() -> str:
         "",
         "from .._jit import jit",
         "from .bits import popcount",
+        "from .byte_dot import BLOCK_CHANNELS, BLOCK_PIXELS, BYTE_LOOKUP, dot_block",
         "from .fma import fma32",
     ]
     for pixels, channels in TILE_SHAPES:

@@ -5,6 +5,7 @@ from numba import prange
 
 from .._jit import jit
 from .bits import popcount
+from .byte_dot import BLOCK_CHANNELS, BLOCK_PIXELS, BYTE_LOOKUP, dot_block
 from .fma import fma32
 
 
@@ -489,7 +490,7 @@ def tiles_16x8(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_p
                         a[(i * n_out + o) * positions + pix - i * positions] = block[j * 16 + p]
 
 
-@jit
+@jit(slp_vectorize=not BYTE_LOOKUP)
 def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, first, panel0, panel1, xt, block, a, a_first, px):
     # Pixels first .. first+15 (of n_pixels), panels [panel0, panel1); pixel r's
     # channels go to a[(r - a_first) * n_out:], so ``a`` is the whole (N*Ho*Wo, O)
@@ -520,6 +521,22 @@ def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, firs
                     xt[dst + k] = word
                     total += popcount(word)
             px[p] = np.float32(total)
+    if BYTE_LOOKUP:
+        for panel in range(panel0, panel1):
+            wo = panel * 8 * steps
+            if first + 16 <= n_pixels and panel * 8 + 8 <= n_out:
+                for pp in range(0, 16, BLOCK_PIXELS):
+                    for qq in range(0, 8, BLOCK_CHANNELS):
+                        dot_block(xt, pp * steps, steps, wflat, wo + qq * steps, steps, steps, a, (first - a_first + pp) * n_out + panel * 8 + qq, n_out, 1)
+            else:
+                flat = block.reshape(-1)
+                for pp in range(0, 16, BLOCK_PIXELS):
+                    for qq in range(0, 8, BLOCK_CHANNELS):
+                        dot_block(xt, pp * steps, steps, wflat, wo + qq * steps, steps, steps, flat, qq * 16 + pp, 1, 16)
+                for p in range(min(16, n_pixels - first)):
+                    for j in range(min(8, n_out - panel * 8)):
+                        a[(first - a_first + p) * n_out + panel * 8 + j] = np.int32(block[j, p])
+        return
     for panel in range(panel0, panel1):
         wo = panel * steps * 8
         acc_0_0 = np.uint64(0)
@@ -1084,7 +1101,7 @@ def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, firs
                     a[(first - a_first + p) * n_out + panel * 8 + j] = np.int32(block[j, p])
 
 
-@jit(parallel=True)
+@jit(parallel=True, slp_vectorize=not BYTE_LOOKUP)
 def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a,
                    px):
     # px (N*Ho*Wo,) float32: each pixel's window popcount, from the tile's gather.
