@@ -13,7 +13,8 @@ Layers, from the bits up (each module imports only those above it):
   writes a row of a, b, c, d), ``fused`` (GEMM and identities in one pass), ``outputs`` (the
   recycled output blocks) and ``counts`` (``counts_conv2d``, ``counts_dense``).
 
-Kernels for one instruction set (refimpl/isa.py's paths) belong here too: a generated file
-per path (``_tiles_avx2.py``, from a template in ``refimpl/codegen/``) whose functions keep the
-names ``tiling`` gives them, and ``blocked`` picks the module of ``isa.current_path()``.
+Kernels for one instruction set (refimpl/isa.py's paths) live here too: ``byte_dot`` is the
+tile of the paths without a vector popcount (byte-lane dot products in generic LLVM vector IR);
+the generated engine tile takes it when its compile-time constant ``BYTE_LOOKUP`` says so, and
+``blocked`` stores the weights in the layout it reads.
 """
