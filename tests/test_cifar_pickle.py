@@ -97,7 +97,7 @@ def test_ndarray_reconstruct_with_another_class_or_shape_is_refused(tmp_path):
     # NumPy's _reconstruct is admitted only as NumPy's own pickles call it: (ndarray, (0,), ...).
     class Call:
         def __reduce__(self):
-            return datasets._RECONSTRUCT, (np.ndarray, (1 << 40,), b"b")
+            return datasets.cifar._RECONSTRUCT, (np.ndarray, (1 << 40,), b"b")
 
     root = _plant(tmp_path / "data", "test_batch", {b"data": Call(), b"labels": [0]})
     with pytest.raises(ValueError, match="is not an ndarray's pickle"):

@@ -14,7 +14,7 @@ from refimpl import infer
 from refimpl.cli import parse_int, positive_float
 
 U64_MAX = "18446744073709551615"  # 2**64 - 1: past int64, which torch and NumPy seeds are
-DIGITS_TRAIN = 1437  # 1797 digits less the 360 of the test split (refimpl/datasets.py)
+DIGITS_TRAIN = 1437  # 1797 digits less the 360 of the test split (refimpl/datasets/digits.py)
 NO_CUDA_9 = pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() > 9,
                                reason="this machine has a cuda:9")
 
