@@ -110,6 +110,7 @@ def _device_name(device) -> str:
 
 
 def format_table(rows, batch=64, device="cpu") -> str:
+    """The table of ``run()``'s rows: per layer, conv2d, counts+measure and four-conv times in ms and their ratios."""
     lines = [
         f"torch count path, forward+backward, batch {batch}, 3x3, padding 1; {_device_name(device)}",
         f"{'layer':>12} {'conv2d ms':>10} {'counts ms':>10} {'4-conv ms':>10} {'counts/conv':>12} {'4-conv/counts':>14}",
@@ -129,6 +130,7 @@ def format_table(rows, batch=64, device="cpu") -> str:
 
 
 def main(argv=None):
+    """Time the layers chosen on the command line and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--batch", type=int, default=64)

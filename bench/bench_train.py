@@ -33,6 +33,7 @@ FITNESS_TRAIN, FITNESS_VAL = 45_000, 5_000
 
 
 def machine() -> str:
+    """One line naming the CPU, cores, torch version and threads (and the GPU when CUDA is there)."""
     cpu = platform.processor() or "unknown CPU"
     try:
         with open("/proc/cpuinfo") as f:
@@ -46,6 +47,7 @@ def machine() -> str:
 
 
 def synthetic_data(n: int, device: torch.device) -> Dataset:
+    """A CIFAR-10-shaped ``bnn.data.Dataset`` of ``n`` seeded random uint8 images on ``device``, no validation split."""
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g).to(device)
     y = torch.randint(0, 10, (n,), generator=g).to(device)
@@ -59,6 +61,7 @@ def _sync(device):
 
 
 def bench_variant(measure, binary, device, batch, steps, warmup, compile_):
+    """(median seconds of one training step, seconds of one evaluation batch) of one ResNet-18 variant."""
     torch.manual_seed(0)
     model = build_model("resnet18", measure, 10, (3, 32, 32), binary=binary).to(device)
     if device.type == "cuda":
@@ -100,6 +103,7 @@ def bench_variant(measure, binary, device, batch, steps, warmup, compile_):
 
 
 def main() -> int:
+    """Time every variant on each device asked for, print the table (and on CUDA the fitness-run estimate); 0."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="auto", help="cpu, cuda, or auto (CPU, plus CUDA when available)")
     p.add_argument("--batch", type=int, default=PRESETS["fitness"]["batch_size"])

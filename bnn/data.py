@@ -177,6 +177,7 @@ def read_cifar(name: str, data_dir: str, download: bool = False):
 
 
 def default_val_size(name: str, train_size: int) -> int:
+    """The validation split a data set gets when none is asked: a tenth of the training images for digits, else 5000."""
     return train_size // 10 if name == "digits" else 5000
 
 

@@ -84,6 +84,8 @@ def measure_label(text: str) -> tuple[str, str]:
 
 
 def plan_cells(measures, seeds, real_measures) -> list[dict]:
+    """The grid's cells, one per (measure, downsampling kind, seed), each measure once: dicts with
+    ``key``, ``measure`` (label), ``genome``, ``downsample`` and ``seed``."""
     cells = []
     for kind, names in (("binary", measures), ("real", real_measures)):
         for name in names:
@@ -123,6 +125,7 @@ def protocol_of(cfg) -> dict:
 
 
 def cell_config(base, cell: dict):
+    """``base`` with the cell's genome, seed and downsampling kind."""
     return dataclasses.replace(base, measure=cell["genome"], seed=cell["seed"], downsample=cell["downsample"])
 
 
@@ -177,6 +180,7 @@ def read_journal(path: str, log) -> tuple[dict | None, dict[str, dict]]:
 
 
 def append_line(path: str, row: dict) -> None:
+    """Append ``row`` as one JSON line in one write, fsynced: a kill leaves whole lines or a torn tail."""
     data = (json.dumps(row) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
@@ -187,6 +191,7 @@ def append_line(path: str, row: dict) -> None:
 
 
 def check_protocol(saved: dict, wanted: dict, root: str) -> None:
+    """GridError naming the first setting in which a journal's protocol differs from this run's."""
     for key in sorted(set(saved) | set(wanted)):
         if saved.get(key) != wanted.get(key):
             raise GridError(f"{root} holds a grid run with {key}={saved.get(key)!r}, not {wanted.get(key)!r}; "
@@ -312,6 +317,7 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
 
 
 def build_results(protocol: dict, done: dict[str, dict], device: str, this_run_s: float) -> dict:
+    """The grid's report: protocol, host, wall time, cells done and one summary row per measure and kind."""
     entries = list(done.values())
     return {
         "protocol": protocol,
@@ -427,6 +433,7 @@ def setup(args) -> tuple[str, object, list[dict]]:
 
 
 def table_only(root: str, plot: bool, log) -> dict:
+    """Tabulate the cells a root's journal already holds (``--table-only``): write the report, return the results."""
     if not os.path.isfile(os.path.join(root, "journal.jsonl")):
         raise GridError(f"{root} has no journal to tabulate; run the grid first")
     with lock_root(root):
@@ -439,6 +446,7 @@ def table_only(root: str, plot: bool, log) -> dict:
 
 
 def main(argv=None) -> int:
+    """``python -m bnn.evidence``: 0, 1 when a cell crashed, 2 for a refused setting or a failed write."""
     args, code = _parser().parse(argv)
     if args is None:
         return code

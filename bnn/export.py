@@ -211,6 +211,7 @@ def check_engine_accepts(meta: dict, tensors: dict[str, np.ndarray], path: str) 
 
 
 def sha256_file(path: str) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -219,6 +220,11 @@ def sha256_file(path: str) -> str:
 
 
 def export_checkpoint(checkpoint: str, out: str) -> dict:
+    """Export a ``bnn.train`` checkpoint to the ``.bnn`` file ``out``; its metadata.
+
+    ValueError (one line) for a checkpoint whose config or weights do not fit, or an ``out``
+    that is the checkpoint itself; nothing is written then.
+    """
     from .train import load_checkpoint
 
     check_output(out, [checkpoint])  # -o CHECKPOINT would replace the checkpoint with the export
@@ -239,6 +245,7 @@ def export_checkpoint(checkpoint: str, out: str) -> dict:
 
 
 def main(argv=None) -> int:
+    """``python -m bnn.export CHECKPOINT -o OUT``: 0, or 2 with one ``error:`` line."""
     p = OneLineParser(prog="python -m bnn.export",
                 description="Export a bnn.train checkpoint to a .bnn file for the CPU engine (python -m refimpl.infer).")
     p.add_argument("checkpoint", help="checkpoint.pt written by python -m bnn.train")

@@ -74,12 +74,14 @@ class BinaryConv2d(_BinaryMeasureLayer):
         self._init_measure(measure, out_channels)
 
     def forward(self, x):
+        """Measure values (N, O, Ho, Wo) of the counts between sign(x) (N, C, H, W) and the signed weights."""
         counts = counts_conv2d(
             ste_sign(x, 1.0), ste_sign(self.weight, None), self.stride, self.padding, self.dilation
         )
         return self._measure(*counts)
 
     def extra_repr(self):
+        """The constructor's arguments and the measure's genome, for ``print(model)``."""
         return (
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
             f"padding={self.padding}, dilation={self.dilation}, measure='{self.genome}'"
@@ -87,6 +89,7 @@ class BinaryConv2d(_BinaryMeasureLayer):
 
 
 class BinaryLinear(_BinaryMeasureLayer):
+    """``measure(counts(sign(x), sign(w)))`` of a dense layer; no bias."""
     def __init__(self, in_features, out_features, measure="baseline"):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -95,7 +98,9 @@ class BinaryLinear(_BinaryMeasureLayer):
         self._init_measure(measure, out_features)
 
     def forward(self, x):
+        """Measure values (N, O) of the counts between sign(x) (N, I) and the signed weights."""
         return self._measure(*counts_dense(ste_sign(x, 1.0), ste_sign(self.weight, None)))
 
     def extra_repr(self):
+        """The layer's sizes and the measure's genome, for ``print(model)``."""
         return f"{self.in_features}, {self.out_features}, measure='{self.genome}'"

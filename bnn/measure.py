@@ -58,6 +58,7 @@ def unary(code: int, x: torch.Tensor, alpha: torch.Tensor | None = None) -> torc
 
 
 def binary(code: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Binary operator ``code`` of the table applied elementwise to ``x`` and ``y``."""
     return _BINARY_FN[code](x, y)
 
 

@@ -85,6 +85,7 @@ class BinaryUnit(nn.Module):
             self.down_bn = nn.BatchNorm2d(out_ch)
 
     def forward(self, x):
+        """BatchNorm of the convolution of ``x``, plus the shortcut (identity or downsampled) when residual."""
         y = self.bn(self.conv(x))
         if not self.residual:
             return y
@@ -123,12 +124,15 @@ class BNNet(nn.Module):
         }
 
     def forward(self, x):
+        """Logits (N, classes) of images ``x`` (N, C, H, W)."""
         x = self.stem_bn(self.stem(x))
         x = self.body(x)
         return self.classifier(self.pool(x).flatten(1))
 
 
 def resnet(arch, measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
+    """A Bi-Real ResNet (``resnet18`` or ``resnet34``): every basic block's 3x3 convolutions binary, each with
+    its own shortcut."""
     body, ch = [], 64
     for width, blocks, stride in _RESNET_STAGES[arch]:
         for i in range(blocks):
@@ -141,14 +145,17 @@ def resnet(arch, measure="baseline", num_classes=10, input_shape=(3, 32, 32), bi
 
 
 def resnet18(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
+    """ResNet-18: ``resnet("resnet18", ...)``."""
     return resnet("resnet18", measure, num_classes, input_shape, binary, downsample)
 
 
 def resnet34(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
+    """ResNet-34: ``resnet("resnet34", ...)``."""
     return resnet("resnet34", measure, num_classes, input_shape, binary, downsample)
 
 
 def vgg13(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
+    """VGG13 with a full-precision first convolution and binary others; odd sides pool with one padded row."""
     widths = list(_VGG13)
     body, ch = [], widths.pop(0)  # the first 64-channel convolution is the full-precision stem
     size = list(input_shape[1:])
@@ -237,6 +244,7 @@ def build_model(arch, measure="baseline", num_classes=10, input_shape=(3, 32, 32
 
 
 def binary_layers(model: nn.Module) -> list[BinaryConv2d]:
+    """Every ``BinaryConv2d`` of ``model``, in module order."""
     return [m for m in model.modules() if isinstance(m, BinaryConv2d)]
 
 

@@ -25,6 +25,7 @@ from .paper_results import CIFAR10_MODELS, CIFAR100_MODELS, GRID, MEASURES, PAPE
 
 
 def cell_name(cell) -> str:
+    """'dataset/model/measure' of a cell."""
     return "/".join(cell)
 
 
@@ -48,11 +49,13 @@ def select_cells(patterns: str | None, dataset: str | None = None):
 
 
 def default_root(epochs: int | None) -> str:
+    """Where the grid's runs go: ``runs/reproduce``, or ``runs/reproduce-<N>ep`` for a shortened run."""
     # A shortened run must never be mistaken for (or skip) a full 300-epoch cell.
     return os.path.join("runs", "reproduce" if epochs is None else f"reproduce-{epochs}ep")
 
 
 def read_summary(root: str, cell) -> dict | None:
+    """The ``summary.json`` of a finished cell, or None when the cell has not finished."""
     path = os.path.join(root, *cell, "summary.json")
     if not os.path.isfile(path):
         return None
@@ -62,6 +65,10 @@ def read_summary(root: str, cell) -> dict | None:
 
 def run_cells(cells, root, data_dir=None, device="auto", epochs=None, val_size=None, seed=0,
               progress=True, compile=False, log=print, download=False):
+    """Train every cell that has no summary yet (resuming an interrupted one), one data set in memory at a time.
+
+    Every cell's settings are checked before the first one trains (ValueError).
+    """
     from .data import load_dataset  # torch only when something is trained
     from .train import TrainConfig, resolve_device, train_model
 
@@ -112,6 +119,7 @@ def _table(root: str, title: str, dataset: str, models, cell) -> list[str]:
 
 
 def markdown_table(root: str) -> str:
+    """The markdown report: per data set, one row per measure, ours / the paper's accuracy per model."""
     lines = [
         "# Reproduction of the paper's evaluation tables",
         "",
@@ -126,6 +134,7 @@ def markdown_table(root: str) -> str:
 
 
 def write_table(root: str) -> str:
+    """Write ``markdown_table(root)`` atomically to ``root/results.md``; its path."""
     os.makedirs(root, exist_ok=True)
     path = os.path.join(root, "results.md")
     atomic_write_text(path, markdown_table(root))  # temp file, fsync, rename, fsync the folder
@@ -133,6 +142,7 @@ def write_table(root: str) -> str:
 
 
 def main(argv=None) -> int:
+    """``python -m bnn.reproduce``: 0, or 2 with one ``error:`` line for a refused setting."""
     p = OneLineParser(prog="python -m bnn.reproduce", description="Run the paper's evaluation grid and tabulate it beside the paper.")
     p.add_argument("--dataset", type=dataset_arg, metavar="{" + ",".join(DATASETS) + "}",
                    help="only this data set's cells (the paper's tables: cifar10, cifar100)")

@@ -48,6 +48,7 @@ class RunLock:
         self.run_dir, self._fh = Path(run_dir), fh
 
     def release(self) -> None:
+        """Give the lock back (closing its file); a second call does nothing."""
         if self._fh is None:
             return
         fh, self._fh = self._fh, None
@@ -60,6 +61,7 @@ class RunLock:
 
     @property
     def held(self) -> bool:
+        """Whether this object still holds the lock."""
         return self._fh is not None
 
     def __enter__(self) -> RunLock:  # noqa: PYI034 - typing.Self needs Python 3.11

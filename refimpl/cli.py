@@ -29,6 +29,7 @@ class OneLineParser(argparse.ArgumentParser):
     """An ``argparse.ArgumentParser`` whose errors are one line and exit status 2."""
 
     def error(self, message):
+        """Print ``error: MESSAGE`` as one line and refuse the command line (status 2), no usage text."""
         print(f"error: {message}", file=sys.stderr)
         raise _Refused(2)
 

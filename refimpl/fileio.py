@@ -167,6 +167,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """``atomic_write_bytes`` of ``text`` encoded as UTF-8."""
     atomic_write_bytes(path, text.encode("utf-8"))
 
 

@@ -45,6 +45,10 @@ _REGISTERED_LOWER = {k.lower(): v for k, v in REGISTERED.items()}
 
 @dataclass(frozen=True, order=True)
 class Genome:
+    """The seven operator codes ``U1-U2-U3-U4-B1-B2-B3`` of one measure, checked at construction.
+
+    ``Genome.parse`` reads the text form or a registered name; ``str()`` writes the text form.
+    """
     codes: tuple[int, int, int, int, int, int, int]
 
     def __post_init__(self) -> None:
@@ -115,10 +119,12 @@ class Genome:
 
     @property
     def unary(self) -> tuple[int, int, int, int]:
+        """The codes of the four unary slots: a' = U1(a), d' = U2(d), b' = U3(b), c' = U4(c)."""
         return self.codes[:4]
 
     @property
     def binary(self) -> tuple[int, int, int]:
+        """The codes of the three binary nodes: B1(a', d'), B2(b', c'), B3(B1, B2)."""
         return self.codes[4:]
 
     @property
@@ -130,6 +136,7 @@ class Genome:
         return None
 
     def uses_alpha(self) -> tuple[bool, bool, bool, bool]:
+        """Per unary slot, whether its operator reads a learnable per-channel alpha."""
         return tuple(UNARY[c].uses_alpha for c in self.unary)
 
     def expression(self, alpha_names=None) -> ast.expr:

@@ -114,6 +114,7 @@ def render(info: dict) -> str:
 
 
 def main(argv=None) -> int:
+    """``python -m refimpl.info``: print the table (or ``--json``) and return 0."""
     p = OneLineParser(prog="python -m refimpl.info",
                 description="Show the CPU, the kernel path (instruction set) the CPU kernels are compiled for, "
                             "the paths this CPU can execute, versions, threads and the kernel cache folder. "

@@ -21,6 +21,7 @@ FUNCTIONS = ("exp", "log", "sqrt", "sin", "cos", "tan", "atan", "erf", "erfc", "
 
 @dataclass(frozen=True)
 class Operator:
+    """One operator of the table: its code, name, formula text, arity and initial alpha."""
     code: int
     name: str  # identifier-safe, used for test ids and registries
     formula: str  # docs/design.md section 2's text; a Python expression over x[, y][, alpha]
@@ -29,6 +30,7 @@ class Operator:
 
     @property
     def uses_alpha(self) -> bool:
+        """Whether the operator reads a learnable per-channel alpha."""
         return self.alpha_init is not None
 
 

@@ -30,6 +30,7 @@ def counts_dense(x, w):
 
 
 def conv_output_size(size, kernel, stride, padding, dilation):
+    """Output side of a convolution, as torch computes it (floor division)."""
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
@@ -69,6 +70,10 @@ def _sigmoid(v):
 
 
 def paper_measure(name, a, b, c, d, alpha=1.0):
+    """The paper's measure ``name`` (baseline, M1..M10) evaluated as the paper writes it, in float64.
+
+    ValueError for a name it does not transcribe.
+    """
     a, b, c, d = (np.asarray(v, dtype=np.float64) for v in (a, b, c, d))
     with np.errstate(all="ignore"):
         if name == "baseline":

@@ -36,11 +36,12 @@ def _sign_word(row, c0, c1):
 
 @jit(loop_vectorize=True)
 def affine_sign_word(row, scale, shift, c0, c1):
-    # Channels c0..c1 (at most 64) of one pixel, in place: fma(row[c], scale[c], shift[c]),
-    # the folded BatchNorm as torch computes it (refimpl/kernels/fma.py); returns their sign word
-    # (bit c - c0 set where the result is >= 0). Unsigned indices: no negative-index
-    # wraparound, so the loop vectorizes (epilogue_template.py), 16 lanes wide because the sign bits
-    # are taken afterwards, by _sign_word.
+    """Channels c0..c1 (at most 64) of one pixel, in place: fma(row[c], scale[c], shift[c]),
+    the folded BatchNorm as torch computes it (refimpl/kernels/fma.py); returns their sign word
+    (bit c - c0 set where the result is >= 0). Unsigned indices: no negative-index
+    wraparound, so the loop vectorizes (epilogue_template.py), 16 lanes wide because the sign bits
+    are taken afterwards, by _sign_word.
+    """
     for c in range(np.uint64(c0), np.uint64(c1)):
         row[c] = fma32(row[c], scale[c], shift[c])
     return _sign_word(row, c0, c1)
@@ -48,13 +49,14 @@ def affine_sign_word(row, scale, shift, c0, c1):
 
 @jit(parallel=True, loop_vectorize=True)
 def stem(x, wmat, scale, shift, kh, kw, sh, sw, ph, pw, dh, dw, out_w, cols, y, pack, pad_h, pad_w, bits):
-    # The full-precision stem, one image per task, all in one parallel region: im2col of the
-    # image into this thread's cols (C*KH*KW, P), then the float32 tile (_tiles.stem_tile_*:
-    # fma over the C*KH*KW inputs) into y[i] (P, O) channels last, then folded BatchNorm
-    # (torch's fma, refimpl/kernels/fma.py) and, when pack is True, the sign bits for the first
-    # binary unit, while y[i] is still in this core's cache.
-    # (Python threads' matmuls shared the cores with Numba's spinning pool threads, and a BLAS
-    # sgemm per image was slower than the tile: docs/performance.md.)
+    """The full-precision stem, one image per task, all in one parallel region: im2col of the
+    image into this thread's cols (C*KH*KW, P), then the float32 tile (_tiles.stem_tile_*:
+    fma over the C*KH*KW inputs) into y[i] (P, O) channels last, then folded BatchNorm
+    (torch's fma, refimpl/kernels/fma.py) and, when pack is True, the sign bits for the first
+    binary unit, while y[i] is still in this core's cache.
+    (Python threads' matmuls shared the cores with Numba's spinning pool threads, and a BLAS
+    sgemm per image was slower than the tile: docs/performance.md.)
+    """
     n_img, channels, h, w = x.shape
     positions, n_out = y.shape[1], y.shape[2]
     out_h = positions // out_w
@@ -99,8 +101,8 @@ def stem(x, wmat, scale, shift, kh, kw, sh, sw, ph, pw, dh, dw, out_w, cols, y, 
 
 @jit(parallel=True, loop_vectorize=True)
 def pack_padded(x, width, pad_h, pad_w, bits):
-    # x (N, P, C) float32 (channels last) -> bits (N, Hp, Wp, K) (zero borders kept): bit 1
-    # where x >= 0. A pixel's 64 channels are contiguous: one or-reduction per word.
+    """x (N, P, C) float32 (channels last) -> bits (N, Hp, Wp, K) (zero borders kept): bit 1
+    where x >= 0. A pixel's 64 channels are contiguous: one or-reduction per word."""
     n_img, positions, channels = x.shape
     n_k = (channels + 63) // 64
     for r in prange(n_img * positions):
@@ -114,16 +116,17 @@ def pack_padded(x, width, pad_h, pad_w, bits):
 
 @jit(parallel=True, loop_vectorize=True)
 def real_shortcut(x, kh, kw, wt, scale, shift, out_w, cols, out):
-    # The Bi-Real shortcut as torch's CPU kernels compute it (measured on torch 2.13: every
-    # output bit-identical): x (N, H, W, C) -> out (N, P, O), one image per task.
-    # 1. Average pool of kernel and stride (kh, kw) in ceil mode, each window summed from 0 in
-    #    (row, column) order and divided by its in-bounds pixel count, into this thread's
-    #    cols (C, P), the layout of the stem's im2col.
-    # 2. The 1x1 convolution by the stem's register tile (_tiles.stem_tile_*): each output
-    #    summed from 0 by fma in input-channel order, as torch's is, and one fixed order for
-    #    any batch split and thread count (no BLAS). A loop over one pixel's outputs per weight
-    #    row ran at 11 GFLOP/s on one core (here 25-28), 50 ms of ResNet-18's 130 at batch 64.
-    # 3. The folded BatchNorm, fma(y, scale, shift).
+    """The Bi-Real shortcut as torch's CPU kernels compute it (measured on torch 2.13: every
+    output bit-identical): x (N, H, W, C) -> out (N, P, O), one image per task.
+    1. Average pool of kernel and stride (kh, kw) in ceil mode, each window summed from 0 in
+       (row, column) order and divided by its in-bounds pixel count, into this thread's
+       cols (C, P), the layout of the stem's im2col.
+    2. The 1x1 convolution by the stem's register tile (_tiles.stem_tile_*): each output
+       summed from 0 by fma in input-channel order, as torch's is, and one fixed order for
+       any batch split and thread count (no BLAS). A loop over one pixel's outputs per weight
+       row ran at 11 GFLOP/s on one core (here 25-28), 50 ms of ResNet-18's 130 at batch 64.
+    3. The folded BatchNorm, fma(y, scale, shift).
+    """
     n_img, h, w, channels = x.shape
     positions, n_out = out.shape[1], out.shape[2]
     out_h = positions // out_w
@@ -170,10 +173,11 @@ def real_shortcut(x, kh, kw, wt, scale, shift, out_w, cols, out):
 
 @jit(parallel=True, loop_vectorize=True)
 def linear(x, wt, bias, out):
-    # out (N, O) = x (N, K) @ wt (K, O) + bias, each output summed by fma in k order, then the
-    # bias: one fixed order for every batch split, thread count and ISA (a BLAS sgemm picks its
-    # micro-kernel, and so its summation order, by matrix size and CPU: logits then changed by
-    # a few ulps between a batch of 40 and batches of 7). Vectorized over the outputs o.
+    """out (N, O) = x (N, K) @ wt (K, O) + bias, each output summed by fma in k order, then the
+    bias: one fixed order for every batch split, thread count and ISA (a BLAS sgemm picks its
+    micro-kernel, and so its summation order, by matrix size and CPU: logits then changed by
+    a few ulps between a batch of 40 and batches of 7). Vectorized over the outputs o.
+    """
     n_img, k_in = x.shape
     n_out = out.shape[1]
     for i in prange(n_img):
@@ -191,10 +195,11 @@ def linear(x, wt, bias, out):
 
 @jit(parallel=True, loop_vectorize=True)
 def global_mean(x, out):
-    # x (N, P, C) channels last -> out (N, C): the mean over positions, summed in float32 in
-    # position order, each channel a vector lane (NumPy's mean over the middle axis took
-    # 0.4 ms at batch 64 for 0.5 M values). Like torch's adaptive average pool, not bit for
-    # bit: the logits only need 1e-4 (its summation order is its own).
+    """x (N, P, C) channels last -> out (N, C): the mean over positions, summed in float32 in
+    position order, each channel a vector lane (NumPy's mean over the middle axis took
+    0.4 ms at batch 64 for 0.5 M values). Like torch's adaptive average pool, not bit for
+    bit: the logits only need 1e-4 (its summation order is its own).
+    """
     n_img, positions, channels = x.shape
     scale = np.float32(1.0) / np.float32(positions)
     for i in prange(n_img):

@@ -45,11 +45,13 @@ class _Convolution:
     dilation: Pair
 
     def entry(self) -> dict:
+        """The record's JSON entry in the file's ``layers`` (docs/design.md section 10)."""
         return {"tensors": self.name, "in_channels": int(self.in_channels), "out_channels": int(self.out_channels),
                 "kernel": _ints(self.kernel), "stride": _ints(self.stride), "padding": _ints(self.padding),
                 "dilation": _ints(self.dilation)}
 
     def tensors(self) -> dict:
+        """The record's tensors, keyed by their names in the file (its prefix ``name``, then the tensor)."""
         return {f"{self.name}.{key}": getattr(self, key) for key in self._TENSORS}
 
 
@@ -76,6 +78,7 @@ class Stem(_Convolution):
     shift: np.ndarray  # (O,) float32
 
     def entry(self) -> dict:
+        """The record's JSON entry in the file's ``layers`` (docs/design.md section 10)."""
         return {"op": self.op, **super().entry()}
 
 
@@ -93,10 +96,12 @@ class RealShortcut:
     shift: np.ndarray  # (O,) float32
 
     def entry(self) -> dict:
+        """The record's JSON entry in the file's ``layers`` (docs/design.md section 10)."""
         return {"tensors": self.name, "in_channels": int(self.in_channels), "out_channels": int(self.out_channels),
                 "pool": _ints(self.pool)}
 
     def tensors(self) -> dict:
+        """The record's tensors, keyed by their names in the file (its prefix ``name``, then the tensor)."""
         return {f"{self.name}.{key}": getattr(self, key) for key in ("weight", "scale", "shift")}
 
 
@@ -112,6 +117,7 @@ class BinaryUnit:
     shortcut: RealShortcut | None = None  # residual "real"
 
     def entry(self) -> dict:
+        """The record's JSON entry in the file's ``layers`` (docs/design.md section 10)."""
         entry = {"op": self.op, "name": self.name, "conv": self.conv.entry(), "residual": self.residual}
         if self.down is not None:
             entry["down"] = self.down.entry()
@@ -120,6 +126,7 @@ class BinaryUnit:
         return entry
 
     def tensors(self) -> dict:
+        """The record's tensors, keyed by their names in the file (its prefix ``name``, then the tensor)."""
         parts = [p for p in (self.conv, self.down, self.shortcut) if p is not None]
         return {name: t for p in parts for name, t in p.tensors().items()}
 
@@ -135,6 +142,7 @@ class Pool:
     count_include_pad: bool = True  # average pooling only
 
     def entry(self) -> dict:
+        """The record's JSON entry in the file's ``layers`` (docs/design.md section 10)."""
         entry = {"op": self.op, "kernel": _ints(self.kernel), "stride": _ints(self.stride),
                  "padding": _ints(self.padding)}
         if self.op == "avgpool2d":
@@ -142,6 +150,7 @@ class Pool:
         return entry
 
     def tensors(self) -> dict:
+        """The record's tensors, keyed by their names in the file (its prefix ``name``, then the tensor)."""
         return {}
 
 
@@ -152,9 +161,11 @@ class GlobalAvgPool:
     op: ClassVar[str] = "global_avgpool"
 
     def entry(self) -> dict:
+        """The record's JSON entry in the file's ``layers`` (docs/design.md section 10)."""
         return {"op": self.op}
 
     def tensors(self) -> dict:
+        """The record's tensors, keyed by their names in the file (its prefix ``name``, then the tensor)."""
         return {}
 
 
@@ -170,10 +181,12 @@ class Linear:
     bias: np.ndarray  # (O,) float32
 
     def entry(self) -> dict:
+        """The record's JSON entry in the file's ``layers`` (docs/design.md section 10)."""
         return {"op": self.op, "tensors": self.name, "in_features": int(self.in_features),
                 "out_features": int(self.out_features)}
 
     def tensors(self) -> dict:
+        """The record's tensors, keyed by their names in the file (its prefix ``name``, then the tensor)."""
         return {f"{self.name}.weight": self.weight, f"{self.name}.bias": self.bias}
 
 
@@ -217,5 +230,6 @@ class Description:
         }
 
     def tensors(self) -> dict:
+        """The record's tensors, keyed by their names in the file (its prefix ``name``, then the tensor)."""
         """Every tensor the layers name, by name."""
         return {name: t for layer in self.layers for name, t in layer.tensors().items()}

@@ -124,6 +124,11 @@ def _inputs(args, model):
 
 
 def run(args) -> dict:
+    """Run the model on the inputs ``args`` names and return the summary ``--json`` prints.
+
+    A bad option or input is a one-line ValueError before the model runs; the predictions go to
+    ``--out`` atomically; it times a batched pass and single-image latency.
+    """
     import numba
 
     from .. import isa
@@ -187,6 +192,7 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
+    """``python -m refimpl.infer``: 0, or 2 with one ``error:`` line for a refused input."""
     args, status = _parser().parse(argv)
     if args is None:
         return status

@@ -112,6 +112,7 @@ class Model:
         return ((x - self.mean.reshape(1, c, 1, 1)) / self.std.reshape(1, c, 1, 1)).astype(np.float32)
 
     def predict(self, images) -> np.ndarray:
+        """Logits (N, classes) float32 of raw images, as ``run(preprocess(images))``."""
         return self.run(self.preprocess(images))
 
     def run(self, x, debug: bool = False, timings: bool = False):
