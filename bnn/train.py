@@ -1,7 +1,8 @@
 """Train a BNN: ``python -m bnn.train`` and ``train_model(TrainConfig(...))`` for the search.
 
-Sections in execution order: hyperparameters, config and result, checkpoints, evaluation,
-training, command line.
+The command line lives here; the rest, all importable from ``bnn.train`` too, lives in
+``bnn.settings`` (hyperparameters, presets), ``bnn.train_config`` (TrainConfig, TrainResult,
+devices), ``bnn.train_loop`` (train_model, evaluate) and ``bnn.train_files`` (the run folder).
 
 Accuracies are fractions in 0..1 everywhere (API, metrics.jsonl, JSON output).
 
@@ -24,522 +25,65 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import random
-import re
 import sys
-import time
-from dataclasses import asdict, dataclass, field, fields
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-
-from refimpl.cli import SEED_MAX, OneLineParser, nonnegative_int, positive_float, positive_int, refuse_with, seed_int
-from refimpl.fileio import atomic_file, atomic_write_text, check_output, remove_stale_temps, write_error
+from refimpl.cli import OneLineParser, nonnegative_int, positive_float, positive_int, refuse_with, seed_int
 from refimpl.genome import Genome
 
-from .data import DATASETS, Dataset, canonical_name, check_split_sizes, dataset_arg, load_dataset, read_arrays
-from .models import DOWNSAMPLE_KINDS, MODELS, build_model, check_downsample
+from .data import DATASETS, canonical_name, dataset_arg
+from .models import DOWNSAMPLE_KINDS, MODELS
 from .runlock import hold_run_dir
-
-# =============================================================================================
-# Hyperparameters: the only place they are set.
-# Adam betas (0.9, 0.999) and no weight decay everywhere (the paper's setting).
-PRESETS = {
-    # The paper's evaluation tables: 300 epochs, lr 5e-3 divided by 5 at the milestones.
-    "paper-eval": dict(epochs=300, batch_size=128, lr=5e-3, milestones=(80, 150, 200, 240, 270), gamma=0.2),
-    # The paper's fitness: ResNet-18 on CIFAR-10, 15 epochs at a constant lr 5e-3.
-    "fitness": dict(epochs=15, batch_size=128, lr=5e-3, milestones=(), gamma=0.2),
-    # The embedded default: 1,293 training images, 11 steps an epoch. The last quarter at a fifth
-    # of the lr settles BatchNorm statistics and the weights' signs (baseline, seed 0: 97.5% test at 30
-    # epochs, 96.7% at 40 with the step at 30).
-    "digits": dict(epochs=30, batch_size=128, lr=5e-3, milestones=(22,), gamma=0.2),
-    # MNIST and Fashion-MNIST with mnist_net, sized for 10 minutes on 2 CPU cores: 4 epochs at
-    # 5e-3, one at 1e-3, one at 2e-4 (Fashion-MNIST, baseline, seed 0: val 84.1% after epoch 4,
-    # 87.8% after 6, test 87.0%; the two steps are worth 3.7 points).
-    "mnist": dict(epochs=6, batch_size=128, lr=5e-3, milestones=(4, 5), gamma=0.2),
-}
-DEFAULT_PRESET = {"digits": "digits", "mnist": "mnist", "fashion-mnist": "mnist", "cifar10": "fitness",
-                  "cifar100": "fitness"}
-DEFAULT_MODEL = {"digits": "digits_net", "mnist": "mnist_net", "fashion-mnist": "mnist_net",
-                 "cifar10": "resnet18", "cifar100": "resnet18"}
-ADAM_BETAS = (0.9, 0.999)
-EVAL_BATCH = 500  # images per evaluation forward pass; memory only, not accuracy
-# On CUDA the loss is checked for NaN/inf every this many steps, not every step: each check
-# waits for the GPU, and a diverged run loses at most these steps.
-CUDA_FINITE_CHECK_EVERY = 16
-
-STATUSES = ("ok", "rejected", "diverged")
-CHECKPOINT, METRICS, SUMMARY = "checkpoint.pt", "metrics.jsonl", "summary.json"
-RUN_FILES = (CHECKPOINT, METRICS, SUMMARY)
-_DIGITS = PRESETS["digits"]
-
-
-# =============================================================================================
-# Config and result
-
-
-@dataclass
-class TrainConfig:
-    """Every setting of one training run; ``validate()`` checks them all."""
-    model: str = "digits_net"
-    dataset: str = "digits"
-    measure: str = "baseline"
-    epochs: int = _DIGITS["epochs"]
-    batch_size: int = _DIGITS["batch_size"]
-    lr: float = _DIGITS["lr"]
-    seed: int = 0
-    device: str = "cpu"
-    data_dir: str | None = None
-    val_size: int | None = None  # None: 5000 for CIFAR and the MNISTs, 10% for digits
-    train_size: int | None = None  # train on a seeded subset of this many images; None: all
-    milestones: tuple[int, ...] = _DIGITS["milestones"]  # epochs after which lr *= gamma
-    gamma: float = _DIGITS["gamma"]
-    out_dir: str | None = None  # None: no files at all (the search's fitness runs)
-    split_seed: int = 0  # chooses the validation split; fixed so every run shares one val set
-    eval_test: bool = True  # evaluate the test set at the end of an "ok" run
-    compile: bool = False  # torch.compile the model (CUDA)
-    resume: bool = False  # continue from out_dir/checkpoint.pt if it exists
-    download: bool = False
-    downsample: str = "binary"  # binary | real shortcut of a unit that changes size or width (docs/design.md section 6)
-
-    def __post_init__(self) -> None:
-        self.milestones = tuple(int(m) for m in self.milestones)
-
-    @classmethod
-    def from_preset(cls, preset: str, **overrides) -> "TrainConfig":
-        """A config with the preset's hyperparameters, then ``overrides`` on top."""
-        if preset not in PRESETS:
-            raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-        return cls(**{**PRESETS[preset], **overrides})
-
-    def validate(self) -> None:
-        """Check every setting (one-line ValueError naming the bad one); canonicalizes measure and dataset."""
-        if self.model not in MODELS:
-            raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
-        self.measure = str(Genome.parse(self.measure))
-        check_downsample(self.downsample)
-        _check_int("epochs", self.epochs, 1)
-        _check_int("batch_size", self.batch_size, 1)
-        _check_int("seed", self.seed, 0, SEED_MAX)
-        _check_int("split_seed", self.split_seed, 0, SEED_MAX)
-        for name in ("lr", "gamma"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-        self.dataset = canonical_name(self.dataset)
-        if self.val_size is not None:
-            _check_int("val_size", self.val_size, 0)
-        if self.train_size is not None:
-            _check_int("train_size", self.train_size, 1)
-        resolve_device(self.device, self.dataset)  # an unknown or absent device: one line, nothing run
-
-
-def _check_int(name: str, value, lo: int, hi: int | None = None) -> None:
-    # bool is an int to Python, and 1.7 would be truncated by range(): neither is a count or a seed.
-    ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    if not ok or value < lo or (hi is not None and value > hi):
-        valid = f">= {lo}" if hi is None else f"in {lo}..{'2**63-1' if hi == SEED_MAX else hi}"
-        raise ValueError(f"{name} must be an integer {valid}, got {value!r}")
-
-
-def check_settings(cfg: TrainConfig, data_sizes: bool = True) -> None:
-    """Every setting before a run folder is made: a run that can never succeed is refused in one
-    line, not started. ``data_sizes``: also read the data set (NumPy only, nothing on the device)
-    to check val_size and train_size against its training split."""
-    cfg.validate()
-    if data_sizes:
-        train_y = read_arrays(cfg.dataset, cfg.data_dir, cfg.download)[1]
-        check_split_sizes(cfg.dataset, len(train_y), cfg.val_size, cfg.train_size)
-
-
-@dataclass
-class TrainResult:
-    """Outcome of one training: status, validation accuracies, test accuracy, epochs and wall time."""
-    status: str  # "ok" | "rejected" | "diverged"
-    val_acc: float | None  # last epoch's; for "diverged" the accuracy at the moment it diverged
-    val_acc_per_epoch: list[float] = field(default_factory=list)
-    test_acc: float | None = None
-    epochs: int = 0  # epochs trained; a diverged epoch counts
-    wall_s: float = 0.0
-    test_top5: float | None = None
-    train_loss: float | None = None  # last epoch's mean training loss
-    config: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        """The result as a plain dict (JSON-ready apart from non-finite floats)."""
-        return asdict(self)
-
-
-# =============================================================================================
-# Devices, seeds, checkpoints
-
-
-DEVICES = "auto, cpu, cuda or cuda:N"
-
-
-def resolve_device(name: str, dataset: str = "digits") -> torch.device:
-    """The torch device of ``name`` (auto, cpu, cuda, cuda:N), or a one-line ValueError for an
-    unknown name or a CUDA device this machine does not have."""
-    if name in (None, "auto"):
-        # digits is too small to keep a GPU busy; its default is the CPU.
-        name = "cuda" if torch.cuda.is_available() and dataset != "digits" else "cpu"
-    m = re.fullmatch(r"cpu|cuda(?::([0-9]+))?", name) if isinstance(name, str) else None
-    if m is None:
-        raise ValueError(f"device {name!r} is not one of {DEVICES}")
-    if name.startswith("cuda"):
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ValueError(f"device {name!r}: CUDA is not available on this machine; use cpu or auto")
-        if int(m.group(1) or 0) >= count:
-            raise ValueError(f"device {name!r}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}")
-    return torch.device(name)
-
-
-def _rng_state(gen: torch.Generator) -> dict:
-    np_state = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        # Stored as tensors and plain values so the checkpoint loads with weights_only=True.
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
-        "python": random.getstate(),
-        "data": gen.get_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict, gen: torch.Generator) -> None:
-    torch.set_rng_state(state["torch"])
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), cached))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    gen.set_state(state["data"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _save_checkpoint(path, model, optimizer, scheduler, gen, cfg, data, epoch, history, status, test):
-    ckpt = {
-        "format": "bnn-train-checkpoint",
-        "version": 1,
-        "config": {**asdict(cfg), "milestones": list(cfg.milestones)},
-        "model_config": dict(model.config),
-        "data": data.describe(),
-        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "rng": _rng_state(gen),
-        "epoch": epoch,
-        "history": history,
-        "status": status,  # "running" until the last epoch, then one of STATUSES
-        "test": test,  # (top-1, top-5) once the run is done and the test set was evaluated
-    }
-    with atomic_file(path) as f:  # temp file, fsync, rename, fsync the folder; a full disk keeps the last one
-        torch.save(ckpt, f)
-
-
-def load_checkpoint(path: str) -> dict:
-    """Read a bnn.train checkpoint (weights_only); a missing or foreign file is a one-line error."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no checkpoint at {path!r}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several types for a truncated or foreign file
-        raise ValueError(f"{path} is not a readable checkpoint ({type(exc).__name__}: {exc})".splitlines()[0]) from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != "bnn-train-checkpoint":
-        raise ValueError(f"{path} is not a bnn.train checkpoint")
-    return ckpt
-
-
-def _write_metrics(path: str, history: list[dict]) -> None:
-    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in history))
-
-
-def _append_metrics(path: str, row: dict) -> None:
-    try:
-        with open(path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-    except OSError as exc:  # a full disk: one line; the checkpoint's history rebuilds the file on resume
-        raise write_error(path, exc) from None
-
-
-def run_finished(ckpt: dict, epochs: int) -> bool:
-    """A checkpoint whose run is over: a final status, and not an "ok" run given more epochs."""
-    return ckpt["status"] in STATUSES and not (ckpt["status"] == "ok" and epochs > int(ckpt["epoch"]))
-
-
-def finished_result(cfg: TrainConfig, ckpt: dict) -> TrainResult:
-    """A finished run's result from its checkpoint, its figures as they were recorded (wall_s is
-    the run's own); summary.json is written only where a kill left it missing, never rewritten."""
-    history = list(ckpt["history"])
-    wall = history[-1]["wall_s"] if history and history[-1].get("wall_s") is not None else 0.0
-    summary = os.path.join(cfg.out_dir, SUMMARY) if cfg.out_dir else None
-    write = summary is not None and not os.path.exists(summary)
-    if not write and summary is not None:
-        try:  # the summary's wall_s also counts the test evaluation and the last save
-            with open(summary) as f:
-                recorded = json.load(f).get("wall_s")
-            wall = recorded if isinstance(recorded, (int, float)) else wall
-        except (OSError, ValueError, AttributeError):
-            pass  # unreadable: the last epoch's figure
-    return _finish(cfg, ckpt["status"], history, ckpt.get("test"), None, write=write, wall_s=wall)
-
-
-def _prepare_out_dir(out_dir: str) -> None:
-    """Before any work: refuse outputs that are not regular files, remove temp files of killed writers."""
-    for name in RUN_FILES:
-        check_output(os.path.join(out_dir, name))
-    remove_stale_temps(out_dir)
-
-
-def _start_fresh(out_dir: str) -> None:
-    # An earlier run's files go (the CLI refuses them without --overwrite), so a kill during the
-    # first epoch cannot leave the old checkpoint to be resumed or its summary to be reported.
-    for name in (CHECKPOINT, SUMMARY):
-        path = os.path.join(out_dir, name)
-        if os.path.isfile(path):
-            os.remove(path)
-    _write_metrics(os.path.join(out_dir, METRICS), [])
-
-
-# =============================================================================================
-# Evaluation
-
-
-@torch.no_grad()
-def evaluate(model, data: Dataset, x: torch.Tensor, y: torch.Tensor) -> tuple[float | None, float | None]:
-    """(top-1, top-5) accuracy as fractions; (None, None) for an empty split."""
-    if len(y) == 0:
-        return None, None
-    was_training = model.training
-    model.eval()
-    k = min(5, data.num_classes)
-    top1 = top5 = torch.zeros((), dtype=torch.int64, device=y.device)
-    for i in range(0, len(y), EVAL_BATCH):
-        logits = model(data.normalize(x[i:i + EVAL_BATCH]))
-        target = y[i:i + EVAL_BATCH]
-        # NaN logits count as wrong (argmax would pick the NaN's index, a random class).
-        ok = torch.isfinite(logits).all(dim=1)
-        best = logits.topk(k, dim=1).indices
-        top1 = top1 + ((best[:, 0] == target) & ok).sum()
-        top5 = top5 + ((best == target[:, None]).any(dim=1) & ok).sum()
-    model.train(was_training)
-    n = len(y)
-    return top1.item() / n, top5.item() / n
-
-
-# =============================================================================================
-# Training
-
-
-def _setup_backend(device: torch.device) -> None:
-    if device.type == "cuda":
-        # Counts are exact in TF32 (0/1 operands, float32 accumulation; docs/design.md section 1).
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cudnn.benchmark = True
-
-
-def _seed_everything(seed: int) -> torch.Generator:
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
-    gen = torch.Generator()
-    gen.manual_seed(seed + 1)  # the data stream differs from the init stream
-    return gen
-
-
-def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: float | None = None,
-                progress: bool = False, _stop_after_epoch: int | None = None) -> TrainResult:
-    """Train one model; never raises for a diverging measure (status "diverged").
-
-    ``data``: a preloaded ``bnn.data.load_dataset(...)`` result to share across runs.
-    ``reject_below``: after epoch 1, a validation accuracy below it stops the run ("rejected").
-    ``_stop_after_epoch``: for tests, return after that epoch's checkpoint as if killed.
-    """
-    t0 = time.perf_counter()
-    cfg.validate()
-    device = resolve_device(cfg.device, cfg.dataset)
-    _setup_backend(device)
-    ckpt_path = metrics_path = None
-    if cfg.out_dir:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        ckpt_path = os.path.join(cfg.out_dir, CHECKPOINT)
-        metrics_path = os.path.join(cfg.out_dir, METRICS)
-    ckpt = load_checkpoint(ckpt_path) if cfg.resume and ckpt_path and os.path.isfile(ckpt_path) else None
-    if cfg.out_dir:
-        _prepare_out_dir(cfg.out_dir)
-    if ckpt is not None:
-        saved = ckpt["config"]
-        for key in ("model", "dataset", "measure", "seed", "split_seed", "batch_size", "lr", "gamma", "train_size"):
-            if saved.get(key) != getattr(cfg, key):
-                raise ValueError(f"cannot resume {ckpt_path}: it was trained with {key}={saved.get(key)!r}, not {getattr(cfg, key)!r}")
-        # A checkpoint written before the option has no key: it trained the binary kind.
-        if saved.get("downsample", "binary") != cfg.downsample:
-            raise ValueError(f"cannot resume {ckpt_path}: it was trained with "
-                             f"downsample={saved.get('downsample', 'binary')!r}, not {cfg.downsample!r}")
-        if run_finished(ckpt, cfg.epochs):
-            return finished_result(cfg, ckpt)  # reported, not retrained: no data needed
-
-    if data is None:
-        data = load_dataset(cfg.dataset, cfg.data_dir, cfg.val_size, cfg.split_seed, device, cfg.download,
-                            cfg.train_size)
-    elif data.name != cfg.dataset or data.device.type != device.type:
-        raise ValueError(f"preloaded data is {data.name} on {data.device}, config wants {cfg.dataset} on {device}")
-    elif cfg.val_size is not None and cfg.val_size != data.val_size:
-        raise ValueError(f"preloaded data holds out {data.val_size} validation images, config wants {cfg.val_size}")
-    elif cfg.train_size != data.train_subset:
-        raise ValueError(f"preloaded data has train_size={data.train_subset}, config wants {cfg.train_size}: "
-                         "pass the same train_size to load_dataset")
-
-    gen = _seed_everything(cfg.seed)
-    model = build_model(cfg.model, cfg.measure, data.num_classes, data.input_shape,
-                        downsample=cfg.downsample).to(device)
-    if device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=ADAM_BETAS)
-    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(cfg.milestones), gamma=cfg.gamma)
-    history: list[dict] = []
-    start_epoch = 0
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        _set_rng_state(ckpt["rng"], gen)
-        history, start_epoch = list(ckpt["history"]), int(ckpt["epoch"])
-        if metrics_path:
-            _write_metrics(metrics_path, history)
-    elif cfg.out_dir:
-        _start_fresh(cfg.out_dir)
-    forward = torch.compile(model) if cfg.compile else model
-
-    status, test = "running", None
-    wall_offset = history[-1]["wall_s"] if history else 0.0  # wall_s counts across resumes
-    n_train = len(data.train_y)
-    steps = math.ceil(n_train / cfg.batch_size)
-    check_every = CUDA_FINITE_CHECK_EVERY if device.type == "cuda" else 1
-    for epoch in range(start_epoch + 1, cfg.epochs + 1):
-        model.train()
-        t_epoch = time.perf_counter()
-        plan = data.epoch_plan(gen)
-        loss_sum = torch.zeros((), device=device)
-        correct = torch.zeros((), dtype=torch.int64, device=device)
-        finite = torch.ones((), dtype=torch.bool, device=device)
-        seen = 0
-        bar = _progress(steps, f"epoch {epoch}/{cfg.epochs}", progress)
-        for step in range(steps):
-            idx = plan["perm"][step * cfg.batch_size:(step + 1) * cfg.batch_size]
-            x = data.augment(data.train_x[idx], plan["offsets"][idx], plan["flips"][idx])
-            y = data.train_y[idx]
-            logits = forward(data.normalize(x))
-            loss = F.cross_entropy(logits, y)
-            finite = finite & torch.isfinite(loss)
-            if (step + 1) % check_every == 0 or step == steps - 1:
-                if not finite.item():
-                    status = "diverged"
-                    break
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.detach() * len(y)
-            correct += (logits.detach().argmax(1) == y).sum()
-            seen += len(y)
-            if bar is not None:
-                bar.update(1)
-        if bar is not None:
-            bar.close()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        train_s = time.perf_counter() - t_epoch
-        val_acc, _ = evaluate(model, data, data.val_x, data.val_y)
-        row = {
-            "epoch": epoch,
-            "train_loss": loss_sum.item() / seen if seen else float("nan"),
-            "train_acc": correct.item() / seen if seen else 0.0,
-            "val_acc": val_acc,
-            "lr": optimizer.param_groups[0]["lr"],
-            "images_per_s": seen / train_s if train_s > 0 else None,
-            "wall_s": wall_offset + time.perf_counter() - t0,
-            "status": status if status == "diverged" else "ok",
-        }
-        if status == "diverged":
-            row["train_loss"] = float("nan")  # the loss that ended the run was not finite
-        else:
-            scheduler.step()
-        if status != "diverged" and epoch == 1 and reject_below is not None and val_acc is not None and val_acc < reject_below:
-            status = row["status"] = "rejected"
-        history.append(_json_safe(row))
-        if status == "running" and epoch == cfg.epochs:
-            status = "ok"
-            if cfg.eval_test:
-                test = evaluate(model, data, data.test_x, data.test_y)
-        if metrics_path:
-            _append_metrics(metrics_path, history[-1])
-        if ckpt_path:
-            _save_checkpoint(ckpt_path, model, optimizer, scheduler, gen, cfg, data, epoch, history, status, test)
-        if progress:
-            print(_epoch_line(history[-1]), file=sys.stderr, flush=True)
-        if status != "running" or (_stop_after_epoch is not None and epoch >= _stop_after_epoch):
-            break
-    if status == "running" and start_epoch >= cfg.epochs:
-        status = "ok"  # resumed a run whose epochs were all done
-    return _finish(cfg, status, history, test, t0)
-
-
-def _finish(cfg, status, history, test, t0, write: bool = True, wall_s: float | None = None) -> TrainResult:
-    test = test or (None, None)
-    vals = [r["val_acc"] for r in history]
-    result = TrainResult(
-        status=status,
-        val_acc=vals[-1] if vals else None,
-        val_acc_per_epoch=vals,
-        test_acc=test[0],
-        epochs=len(history),
-        wall_s=time.perf_counter() - t0 if wall_s is None else wall_s,
-        test_top5=test[1],
-        train_loss=history[-1]["train_loss"] if history else None,
-        config={**asdict(cfg), "milestones": list(cfg.milestones)},
-    )
-    if write and cfg.out_dir and status in STATUSES:
-        atomic_write_text(os.path.join(cfg.out_dir, SUMMARY), json.dumps(_json_safe(result.to_dict())) + "\n")
-    return result
-
-
-def _json_safe(row: dict) -> dict:
-    # JSON has no NaN; a non-finite number is written as null.
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
-
-
-def _progress(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
-
-
-def _epoch_line(row: dict) -> str:
-    def pct(v):
-        return "  n/a " if v is None else f"{100 * v:6.2f}"
-
-    loss = "nan" if row["train_loss"] is None else f"{row['train_loss']:.4f}"
-    return (f"epoch {row['epoch']:3d}  loss {loss}  train {pct(row['train_acc'])}%  val {pct(row['val_acc'])}%  "
-            f"lr {row['lr']:.2e}  {row['images_per_s'] or 0:8.0f} img/s  {row['status']}")
+from .settings import ADAM_BETAS, DEFAULT_MODEL, DEFAULT_PRESET, FITNESS, PRESETS
+from .train_config import DEVICES, TrainConfig, TrainResult, check_settings, resolve_device
+from .train_files import (
+    CHECKPOINT,
+    METRICS,
+    RUN_FILES,
+    STATUSES,
+    SUMMARY,
+    finished_result,
+    json_safe,
+    load_checkpoint,
+    run_finished,
+)
+from .train_loop import CUDA_FINITE_CHECK_EVERY, EVAL_BATCH, evaluate, setup_backend, train_model
+
+# Re-exported: every name bnn.train had before it was split stays importable from it.
+_setup_backend = setup_backend
+__all__ = [
+    "ADAM_BETAS", "CHECKPOINT", "CUDA_FINITE_CHECK_EVERY", "DEFAULT_MODEL", "DEFAULT_PRESET", "DEVICES", "EVAL_BATCH",
+    "FITNESS", "METRICS", "PRESETS", "RUN_FILES", "STATUSES", "SUMMARY", "TrainConfig", "TrainResult", "check_settings",
+    "config_from_args", "evaluate", "finished_result", "load_checkpoint", "main", "resolve_device", "run_finished",
+    "train_model",
+]
 
 
 # =============================================================================================
 # Command line
 
 
+def _per_dataset(choice: dict) -> str:
+    # "digits_net for digits, mnist_net for mnist and fashion-mnist, ...", from the settings' table.
+    by_value: dict[str, list[str]] = {}
+    for dataset, value in choice.items():
+        by_value.setdefault(value, []).append(dataset)
+    return ", ".join(f"{value} for {' and '.join(names)}" for value, names in by_value.items())
+
+
+def _per_preset(key: str) -> str:
+    # "digits 30, mnist 6, ...": each preset's value, read from bnn.settings.PRESETS.
+    def text(v):
+        if isinstance(v, tuple):
+            return ",".join(map(str, v)) or "none"
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{name} {text(values[key])}" for name, values in PRESETS.items())
+
+
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m bnn.train", description="Train a binarized network with a searched similarity measure.")
-    p.add_argument("--model", help=f"one of {', '.join(MODELS)} (default: digits_net for digits, mnist_net for "
-                                   "mnist and fashion-mnist, resnet18 for CIFAR)")
+    p.add_argument("--model", help=f"one of {', '.join(MODELS)} (default: {_per_dataset(DEFAULT_MODEL)})")
     p.add_argument("--dataset", default="digits", type=dataset_arg, metavar="{" + ",".join(DATASETS) + "}",
                    help="digits (default, embedded), mnist, fashion-mnist (IDX files), cifar10 or cifar100")
     p.add_argument("--data-dir", help="folder holding the data files (default: $BNN_DATA_DIR or ./data)")
@@ -550,12 +94,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--downsample", choices=DOWNSAMPLE_KINDS, default="binary",
                    help="shortcut of the units that change size or width (docs/design.md section 6): binary (default, the paper's "
                         "text: a binary 1x1 conv) or real (Bi-Real: 2x2 average pool, full-precision 1x1 conv)")
-    p.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default: digits for digits, mnist for mnist and "
-                                    "fashion-mnist, fitness for CIFAR)")
-    p.add_argument("--epochs", type=positive_int)
-    p.add_argument("--batch-size", type=positive_int)
-    p.add_argument("--lr", type=positive_float, help="Adam learning rate, a finite number > 0")
-    p.add_argument("--milestones", help="comma-separated epochs after which the lr is multiplied by gamma")
+    p.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default: {_per_dataset(DEFAULT_PRESET)})")
+    p.add_argument("--epochs", type=positive_int, help=f"epochs (default: the preset's: {_per_preset('epochs')})")
+    p.add_argument("--batch-size", type=positive_int, help=f"batch size (default: the preset's: {_per_preset('batch_size')})")
+    p.add_argument("--lr", type=positive_float,
+                   help=f"Adam learning rate, a finite number > 0 (default: the preset's: {_per_preset('lr')})")
+    p.add_argument("--milestones", help="comma-separated epochs after which the lr is multiplied by gamma "
+                                        f"(default: the preset's: {_per_preset('milestones')})")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the initialization and data order, 0..2**63-1")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA if available; CPU for digits)")
     p.add_argument("--out", help="run folder for metrics.jsonl, checkpoint.pt, summary.json (default: runs/DATASET-MODEL-MEASURE-sSEED)")
@@ -583,8 +128,10 @@ def config_from_args(args, ckpt: dict | None = None) -> TrainConfig:
             saved["epochs"] = args.epochs  # extending a finished run is allowed
         if args.device != "auto":
             saved["device"] = args.device
-        known = {f.name for f in fields(TrainConfig)}
-        return TrainConfig(**{k: v for k, v in saved.items() if k in known})
+        try:  # a key this version has no setting for is refused, not dropped
+            return TrainConfig.from_mapping(saved)
+        except ValueError as exc:
+            raise ValueError(f"{args.resume}/{CHECKPOINT}: {exc}") from None
     dataset = canonical_name(args.dataset)
     preset = args.preset or DEFAULT_PRESET.get(dataset)
     if preset is None:
@@ -670,7 +217,7 @@ def main(argv=None) -> int:
     summary.update(model=cfg.model, dataset=cfg.dataset, measure=cfg.measure, downsample=cfg.downsample,
                    seed=cfg.seed, out=cfg.out_dir)
     if args.json:
-        print(json.dumps(_json_safe(summary)))
+        print(json.dumps(json_safe(summary)))
     else:
         test = "n/a" if result.test_acc is None else f"{100 * result.test_acc:.2f}%"
         print(f"{result.status}: {cfg.model} on {cfg.dataset} with {cfg.measure} ({cfg.downsample} downsampling), "
