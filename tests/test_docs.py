@@ -156,3 +156,64 @@ def test_readme_links_the_docs(page):
     assert f"]({page})" in readme, f"README.md does not link {page}"
     layout = readme[readme.index("## Layout"):]
     assert "`docs/`" in layout.split("\n## ")[0], "README.md's layout table does not list docs/"
+
+
+# The README's layout table: every path it names exists, every code folder is in it.
+LAYOUT_HEADER = "| path | what |"
+TOP_DIRS = ("refimpl", "bnn", "verify", "tests", "bench", "docs")
+CODE_FOLDERS = ("refimpl", "bnn", "verify", "bench")
+
+
+def _ticks(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def layout_problems(readme: str, root: Path = ROOT) -> list[str]:
+    """What the layout table gets wrong about the tree at ``root``: names of missing files, folders it lacks.
+
+    A row's first cell is a path and, after it, names in the same folder (`bnn/models.py`, `data.py`);
+    the other cells' `.py` names are relative to that folder or one above it (`kernels/_tiles.py`).
+    """
+    problems, rows_named, named = [], set(), set()
+    for cells in _table_rows(readme, LAYOUT_HEADER):
+        first, *rest = _ticks(cells[0])
+        base = root / first
+        folder = base if first.endswith("/") else base.parent
+        for path in [base] + [folder / name for name in rest]:
+            rows_named.add(path)
+            if not path.exists():
+                problems.append(f"names `{path.relative_to(root).as_posix()}`, which is not in the tree")
+        for name in (t for cell in cells[1:] for t in _ticks(cell) if t.endswith((".py", "/"))):
+            if name.split("/")[0] in TOP_DIRS:
+                candidates = [root / name]
+            else:
+                candidates = [d / name for d in (folder, *folder.parents) if root in (d, *d.parents)]
+            named.update(c for c in candidates if c.exists())
+            if not any(c.exists() for c in candidates):
+                problems.append(f"the {first} row names `{name}`, which is not in the tree")
+    named |= rows_named
+    for top in CODE_FOLDERS:
+        if not any(root / top in (p, *p.parents) for p in named):
+            problems.append(f"lists nothing in {top}/")
+        subfolders = {p.parent for p in (root / top).rglob("*.py") if "__pycache__" not in p.parts} - {root / top}
+        for sub in sorted(subfolders):
+            if not any(p == sub or p.parent == sub for p in rows_named):
+                problems.append(f"has no row for {sub.relative_to(root).as_posix()}/")
+    return problems
+
+
+def test_readme_layout_table_matches_the_tree():
+    assert layout_problems((ROOT / "README.md").read_text()) == []
+
+
+def test_layout_check_flags_a_missing_folder_row_and_a_name_not_in_the_tree():
+    readme = (ROOT / "README.md").read_text()
+    engine_row = next(line for line in readme.splitlines() if line.startswith("| `refimpl/engine/` |"))
+    broken = readme.replace(engine_row + "\n", "").replace(
+        "| `bnn/runlock.py` |", "| `bnn/runlock.py`, `gone.py` | `kernels/nowhere.py` and"
+    )
+    assert layout_problems(broken) == [
+        "names `bnn/gone.py`, which is not in the tree",
+        "the bnn/runlock.py row names `kernels/nowhere.py`, which is not in the tree",
+        "has no row for refimpl/engine/",
+    ]
