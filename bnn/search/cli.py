@@ -13,8 +13,9 @@ from refimpl.cli import OneLineParser, nonnegative_int, positive_float, positive
 from refimpl.datasets import DATASETS, canonical_name, dataset_arg
 
 from ..runlock import hold_run_dir
+from ..settings import DEFAULT_MODEL, FITNESS, PAPER_POPULATION
 from . import journal as jr
-from .fitness import parse_fitness_spec
+from .fitness import fitness_config, parse_fitness_spec
 from .ga import Thresholds
 from .loop import SEARCH_FIELDS, Search, SearchConfig
 from .report import prepare_outputs
@@ -30,9 +31,9 @@ PRESETS = {
                    # rejects the ones stuck at the majority class after one epoch.
                    thresholds=[0.0, 0.15], threshold_steps=[0, 8], max_evaluations=150, max_trainings=60,
                    max_minutes=6.0, patience=None),
-    "paper": dict(dataset="cifar10", model="resnet18", epochs=15, population=30,
-                  thresholds=[0.11, 0.25, 0.35, 0.40], threshold_steps=[0, 100, 200, 300],
-                  max_evaluations=None, max_trainings=None, max_minutes=None, patience=200),
+    "paper": dict(dataset="cifar10", model=DEFAULT_MODEL["cifar10"], epochs=FITNESS.epochs,
+                  population=PAPER_POPULATION, thresholds=list(FITNESS.thresholds),
+                  threshold_steps=list(FITNESS.threshold_steps), max_evaluations=None, max_trainings=None, max_minutes=None, patience=200),
 }
 # Flags that only steer the run (allowed to change on --resume); the rest define the search.
 RUN_CONTROL = ("max_evaluations", "max_trainings", "patience", "max_minutes", "workers", "backend", "ray_address",
@@ -63,6 +64,16 @@ def _ints(text):
 
 
 _positive = positive_int
+
+
+def _preset_limit(key: str) -> str:
+    # " (digits preset: 150, paper preset: none)": what each preset sets, read from PRESETS.
+    parts = [f"{name} preset: {'none' if p.get(key) is None else f'{p[key]:g}'}" for name, p in sorted(PRESETS.items())]
+    return " (" + ", ".join(parts) + ")"
+
+
+def _csv(values) -> str:
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
 # Flags that start or shape a new search, which --resume takes from the journal's folder instead.
 NEW_RUN_ONLY = ("run_dir", "preset")
 
@@ -73,24 +84,24 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m bnn.search",
         description="Search similarity measures for BNNs with the paper's genetic algorithm (Algorithm 1). "
                     "With no arguments: a small search on the embedded digits data set (a few minutes on a CPU).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     a = p.add_argument
     a("--preset", choices=sorted(PRESETS),
-      help="digits (default): small CPU search; paper: CIFAR-10, ResNet-18, S=30, 15 epochs, the paper's thresholds, "
-           "all GPUs")
+      help=f"digits (default): small CPU search; paper: CIFAR-10, ResNet-18, S={PAPER_POPULATION}, "
+           f"{FITNESS.epochs} epochs, the paper's thresholds, all GPUs")
     g = p.add_argument_group("search")
-    g.add_argument("--population", type=_positive, help="population size S (paper: 30)")
+    g.add_argument("--population", type=_positive, help=f"population size S (digits preset: {PRESETS['digits']['population']}, paper: {PAPER_POPULATION})")
     g.add_argument("--seed", type=seed_int, help="GA seed, 0..2**63-1 (default 0)")
-    g.add_argument("--thresholds", type=_floats, help="early-rejection thresholds T as fractions, e.g. 0.11,0.25,0.35,0.40")
+    g.add_argument("--thresholds", type=_floats, help=f"early-rejection thresholds T as fractions, e.g. {_csv(FITNESS.thresholds)} (the paper's)")
     g.add_argument("--threshold-steps", type=_ints,
-                   help="evaluation index at which each threshold takes over, e.g. 0,100,200,300")
-    g.add_argument("--max-evaluations", type=_positive, help="stop after this many candidates (cache hits count)")
-    g.add_argument("--max-trainings", type=_positive, help="stop after this many trainings")
+                   help=f"evaluation index at which each threshold takes over, e.g. {_csv(FITNESS.threshold_steps)}")
+    g.add_argument("--max-evaluations", type=_positive, help=f"stop after this many candidates (cache hits count){_preset_limit('max_evaluations')}")
+    g.add_argument("--max-trainings", type=_positive, help=f"stop after this many trainings{_preset_limit('max_trainings')}")
     g.add_argument("--max-minutes", type=positive_float,
                    help="stop proposing after this many minutes, a finite number > 0 (running trainings finish; "
-                        "--resume continues)")
-    g.add_argument("--patience", type=_positive, help="stop after K consecutive children fail to enter the population")
+                        f"--resume continues){_preset_limit('max_minutes')}")
+    g.add_argument("--patience", type=_positive,
+                   help=f"stop after K consecutive children fail to enter the population{_preset_limit('patience')}")
     g.add_argument("--paper-faithful", action="store_true",
                    help="Algorithm 1 as written: no cache, no functional equivalence, no screening (every "
                         "candidate is trained), and a genome already in the population may enter again")
@@ -109,9 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--downsample", choices=("binary", "real"),
                    help="shortcut of units that change size or width (docs/design.md section 6): binary (default, the paper's text) "
                         "or real (Bi-Real: average pool, full-precision 1x1 conv)")
-    t.add_argument("--epochs", type=_positive, help="epochs of a full fitness training (paper: 15)")
-    t.add_argument("--batch-size", type=_positive, help="batch size (default 128)")
-    t.add_argument("--lr", type=positive_float, help="Adam learning rate, constant, a finite number > 0 (default 5e-3)")
+    t.add_argument("--epochs", type=_positive, help=f"epochs of a full fitness training (digits preset: {PRESETS['digits']['epochs']}, "
+                                                    f"paper: {FITNESS.epochs})")
+    t.add_argument("--batch-size", type=_positive, help=f"batch size (default {FITNESS.batch_size})")
+    t.add_argument("--lr", type=positive_float, help=f"Adam learning rate, constant, a finite number > 0 (default {FITNESS.lr:g})")
     t.add_argument("--val-size", type=nonnegative_int,
                    help="validation images held out of the training set, 0..(training images - 1) "
                         "(default: 10%% for digits, else 5000)")
@@ -123,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = p.add_argument_group("running")
     r.add_argument("--workers", type=_positive, help="parallel workers (one per GPU; default: GPUs for --preset paper, else 1)")
     r.add_argument("--backend", choices=("serial", "local", "ray"),
-                   help="serial (in process), local (worker processes), ray (actors; needs the [ray] extra)")
+                   help="serial (in process; the default with one worker), local (worker processes; the default "
+                        "with --workers above 1), ray (actors; needs the [ray] extra)")
     r.add_argument("--ray-address", help="address of an existing Ray cluster (default: start a local one)")
     r.add_argument("--run-dir", help="where the journal and results go (default runs/search-DATASET-MODEL-TIME)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue the search journaled in RUN_DIR (with its settings; "
@@ -150,23 +163,22 @@ def _config_from_args(args) -> tuple[SearchConfig, Path, bool]:
             if k in SEARCH_FIELDS and k in stored and stored[k] != v:
                 raise CliError(f"--resume: {k} is {stored[k]!r} in the journal; it cannot change to {v!r} "
                                "(only run-control flags may: " + ", ".join(RUN_CONTROL) + ")")
-        known = {f.name for f in fields(SearchConfig)}
-        base = {k: v for k, v in stored.items() if k in known}
-        base.update({k: v for k, v in explicit.items() if k in RUN_CONTROL})
-        return SearchConfig(**base), run_dir, True
+        base = {**stored, **{k: v for k, v in explicit.items() if k in RUN_CONTROL}}
+        try:  # a key this version has no setting for is refused, not dropped
+            return SearchConfig.from_mapping(base), run_dir, True
+        except ValueError as exc:
+            raise CliError(f"--resume {run_dir}: {exc}") from None
     args.preset = args.preset or "digits"
     preset = dict(PRESETS[args.preset])
     if "dataset" in explicit and "model" not in explicit and explicit["dataset"] != preset["dataset"]:
         # Another data set without a model: the network the training code pairs with it.
-        from bnn.train import DEFAULT_MODEL
-
         explicit["model"] = DEFAULT_MODEL[explicit["dataset"]]
     base = {**preset, **explicit}
     if args.preset == "paper" and "workers" not in explicit:
         from .loop import visible_gpus
 
         base["workers"] = max(1, len(visible_gpus()))
-    cfg = SearchConfig(**{k: v for k, v in base.items() if k in {f.name for f in fields(SearchConfig)}})
+    cfg = SearchConfig.from_mapping(base)
     if "threshold_steps" not in explicit and "thresholds" in explicit:
         # New thresholds without steps: spread as the preset's steps if the count matches.
         steps = preset.get("threshold_steps", [0])
@@ -212,7 +224,6 @@ def _validate_training(cfg: SearchConfig, download: bool = False) -> None:
     a missing data set first if asked."""
     try:
         from bnn.data import check_split_sizes, read_arrays
-        from bnn.train import TrainConfig
     except ImportError as exc:
         raise CliError(f"the training code (bnn.train) is not available: {exc}") from None
     try:
@@ -221,9 +232,7 @@ def _validate_training(cfg: SearchConfig, download: bool = False) -> None:
         raise CliError(str(exc)) from None
     try:
         # Every fitness training's settings (seed range, lr, the device) are checked here, once.
-        TrainConfig(model=cfg.model, dataset=cfg.dataset, measure="baseline", epochs=cfg.epochs,
-                    batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.train_seed, downsample=cfg.downsample,
-                    device=cfg.device, val_size=cfg.val_size, train_size=cfg.train_size).validate()
+        fitness_config(cfg.train_dict(), "baseline").validate()
         # A missing or corrupt data set, or a split it cannot hold, fails here, not in a worker.
         train_y = read_arrays(key, cfg.data_dir, download)[1]
         check_split_sizes(key, len(train_y), cfg.val_size, cfg.train_size)

@@ -27,6 +27,9 @@ import numpy as np
 import refimpl
 from refimpl import Genome
 
+from ..settings import FITNESS
+from .variation import gene_limits
+
 # -- probe set -------------------------------------------------------------------------------------
 # Count tuples: every (a, b, c, d) in {0..3}^4 except all-zero (small windows and the degenerate
 # cases a = 0, d = 0 ... where divisions and logs misbehave), plus random splits of the window
@@ -267,7 +270,7 @@ def parse_fitness_spec(spec: str) -> dict:
 def planted_target(seed: int) -> tuple[int, ...]:
     """The synthetic fitness's optimum: a fixed, non-degenerate genome per seed."""
     rng = np.random.Generator(np.random.PCG64([seed, 7]))
-    return tuple(int(x) for x in rng.integers(0, [18] * 4 + [14] * 3))
+    return tuple(int(x) for x in rng.integers(0, gene_limits()))
 
 
 def synthetic_result(genome: str, seed: int, epochs: int, reject_below: float | None) -> dict:
@@ -279,7 +282,7 @@ def synthetic_result(genome: str, seed: int, epochs: int, reject_below: float | 
     """
     codes = Genome.parse(genome).codes
     target = planted_target(seed)
-    match = sum(int(a == b) for a, b in zip(codes, target)) / 7.0
+    match = sum(int(a == b) for a, b in zip(codes, target)) / len(codes)
     rng = np.random.Generator(np.random.PCG64([seed, *codes]))
     noise = rng.normal(0.0, 0.01, size=epochs)
     final = 0.3 + 0.65 * match  # 0.3 for no matching gene, 0.95 at the planted optimum
@@ -293,6 +296,24 @@ def synthetic_result(genome: str, seed: int, epochs: int, reject_below: float | 
                 "test_acc": None, "epochs": 1}
     return {"status": "ok", "val_acc": curve[-1], "val_acc_per_epoch": curve,
             "test_acc": curve[-1], "epochs": epochs}
+
+
+def fitness_config(train: dict, genome: str):
+    """The TrainConfig of one fitness training of ``genome`` under the search's training settings
+    ``train`` (``SearchConfig.train_dict()``): the paper's constant-lr schedule, no files, no test set.
+    A key ``TrainConfig`` lacks is a one-line ValueError naming it, never dropped."""
+    from bnn.train import TrainConfig
+
+    t = train
+    return TrainConfig.from_mapping(dict(
+        model=t["model"], dataset=t["dataset"], measure=genome, epochs=t["epochs"],
+        downsample=t.get("downsample", "binary"),
+        batch_size=t["batch_size"], lr=t["lr"], seed=t["seed"], device=t["device"],
+        data_dir=t.get("data_dir"), val_size=t.get("val_size"), train_size=t.get("train_size"),
+        milestones=FITNESS.milestones, gamma=FITNESS.gamma,  # the paper's fitness schedule
+        out_dir=None,  # no files per candidate
+        eval_test=False,  # fitness is validation accuracy; the test set stays out of the search
+    ))
 
 
 class Worker:
@@ -332,8 +353,6 @@ class Worker:
         return self._train(job)
 
     def _train(self, job: dict) -> dict:
-        import dataclasses
-
         from bnn.train import TrainConfig, resolve_device, train_model  # torch only when training
 
         t = self.train
@@ -343,19 +362,9 @@ class Worker:
             device = resolve_device(t["device"], t["dataset"])
             # The validation split is TrainConfig's (split_seed), not the training seed: every
             # candidate is scored on the same held-out images.
-            split = TrainConfig.__dataclass_fields__["split_seed"].default if "split_seed" in TrainConfig.__dataclass_fields__ else 0
-            self._data = load_dataset(t["dataset"], t.get("data_dir"), t.get("val_size"), split, device,
-                                      train_size=t.get("train_size"))
-        wanted = dict(
-            model=t["model"], dataset=t["dataset"], measure=job["genome"], epochs=t["epochs"],
-            downsample=t.get("downsample", "binary"),
-            batch_size=t["batch_size"], lr=t["lr"], seed=t["seed"], device=t["device"],
-            data_dir=t.get("data_dir"), val_size=t.get("val_size"), train_size=t.get("train_size"),
-            milestones=(), out_dir=None,  # the paper's fitness: constant lr; no files per candidate
-            eval_test=False,  # fitness is validation accuracy; the test set stays out of the search
-        )
-        known = {f.name for f in dataclasses.fields(TrainConfig)}
-        cfg = TrainConfig(**{k: v for k, v in wanted.items() if k in known})
+            self._data = load_dataset(t["dataset"], t.get("data_dir"), t.get("val_size"), TrainConfig.split_seed,
+                                      device, train_size=t.get("train_size"))
+        cfg = fitness_config(t, job["genome"])
         import warnings
 
         with warnings.catch_warnings():

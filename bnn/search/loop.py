@@ -34,6 +34,7 @@ from pathlib import Path
 from refimpl import Genome
 from refimpl.fileio import atomic_write_text
 
+from ..settings import FITNESS, PAPER_POPULATION, from_mapping
 from . import journal as jr
 from .fitness import FitnessCache, fitness_of, parse_fitness_spec
 from .ga import GeneticSearch, Thresholds
@@ -57,13 +58,13 @@ class SearchConfig:
     dataset: str = "digits"
     model: str = "digits_net"
     downsample: str = "binary"  # binary | real: shortcut of units that change size or width (docs/design.md section 6)
-    epochs: int = 15
-    population: int = 30
+    epochs: int = FITNESS.epochs
+    population: int = PAPER_POPULATION
     seed: int = 0
-    thresholds: list = field(default_factory=lambda: [0.11, 0.25, 0.35, 0.40])
-    threshold_steps: list = field(default_factory=lambda: [0, 100, 200, 300])
-    batch_size: int = 128
-    lr: float = 5e-3
+    thresholds: list = field(default_factory=lambda: list(FITNESS.thresholds))
+    threshold_steps: list = field(default_factory=lambda: list(FITNESS.threshold_steps))
+    batch_size: int = FITNESS.batch_size
+    lr: float = FITNESS.lr
     val_size: int | None = None
     train_size: int | None = None  # a seeded subset of the training split per fitness training; None = all
     train_seed: int = 0
@@ -83,6 +84,11 @@ class SearchConfig:
     ray_address: str | None = None
     data_dir: str | None = None
     device: str = "auto"
+
+    @classmethod
+    def from_mapping(cls, mapping) -> "SearchConfig":
+        """A config from a mapping of settings; a key that is not a setting is a one-line ValueError naming it."""
+        return from_mapping(cls, mapping)
 
     def train_dict(self) -> dict:
         """The fitness training's settings as the workers take them."""

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from refimpl.operators import N_BINARY, N_UNARY
+from refimpl.genome import SLOT_NAMES
+from refimpl.operators import N_BINARY, N_UNARY, UNARY_SLOT_INPUTS
 
-GENES = 7
-N_UNARY_SLOTS = 4
+# The genome layout of refimpl: its unary slots (one per count a, d, b, c) first, then the binary ones.
+GENES = len(SLOT_NAMES)
+N_UNARY_SLOTS = len(UNARY_SLOT_INPUTS)
 SELECTIONS = ("elitism", "tournament", "proportionate")
 
 
 def gene_limits() -> np.ndarray:
-    """Exclusive upper bound of each gene: unary codes 0..17 for U1-U4, binary 0..13 for B1-B3."""
+    """Exclusive upper bound of each gene: the operator table's unary count for U1-U4, its binary count for B1-B3."""
     return np.array([N_UNARY] * N_UNARY_SLOTS + [N_BINARY] * (GENES - N_UNARY_SLOTS), dtype=np.int64)
 
 
