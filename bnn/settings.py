@@ -1,8 +1,8 @@
 """The one owner of the training and fitness settings: the paper's fitness, the presets, defaults.
 
 ``bnn.train``, ``bnn.search`` (its ``SearchConfig`` defaults, its ``paper`` preset, its workers'
-trainings and its ``--help``) and ``bench/`` read these values; none of them writes a number of
-its own. Pure Python: importing it loads neither torch nor a data set.
+trainings and its ``--help``) and ``bench/bench_train.py`` read these values instead of writing
+numbers of their own. Pure Python: importing it loads neither torch nor a data set.
 """
 from __future__ import annotations
 
