@@ -74,7 +74,7 @@ def _engine_tile_failures() -> list[str]:
     rng = np.random.default_rng(11)
     failures = []
     for n, c, size, o, k, ones in [(2, 64, 5, 9, 3, False), (1, 129, 4, 8, 3, False), (1, 65, 3, 17, 1, False),
-                                   (1, 960, 3, 8, 3, False), (1, 960, 3, 8, 3, True)]:
+                                   (1, 960, 3, 8, 3, False), (1, 960, 3, 8, 3, True), (1, 64, 7, 8, 7, True)]:
         x = np.ones((n, c, size, size)) if ones else rng.choice([-1.0, 1.0], size=(n, c, size, size))
         wt = np.ones((o, c, k, k)) if ones else rng.choice([-1.0, 1.0], size=(o, c, k, k))
         pad = k // 2

@@ -25,6 +25,7 @@ def _simple_a(xp, wp, stride, padding, dilation):
         (2, 129, 5, 9, 3, (1, 2), (1, 0), (2, 1)),  # uneven strides and borders
         (17, 3, 4, 20, 3, (1, 1), (1, 1), (1, 1)),  # tiles that straddle images
         (2, 960, 3, 9, 3, (1, 1), (1, 1), (1, 1)),  # 135 words a window: byte_dot's 31-vector blocks
+        (1, 64, 9, 8, 7, (1, 1), (3, 3), (3, 3)),  # one word a tap, 49 taps: lanes_block's 31-step blocks
     ],
 )
 @pytest.mark.parametrize("layout", tiling.LAYOUTS)
@@ -156,13 +157,14 @@ def test_output_memory_is_recycled_only_once_nothing_references_it(monkeypatch):
     assert pool._blocks == [], "a block beyond MAX_BYTES was kept"
 
 
+@pytest.mark.parametrize("channels, size", [(960, 3), (64, 7)])
 @pytest.mark.parametrize("layout", tiling.LAYOUTS)
-def test_all_ones_windows_count_every_bit_without_overflow(layout):
-    # 33 vectors of 256 ones per window: a byte-lane accumulator that were summed later than
-    # every 31 vectors (refimpl/kernels/byte_dot.py) would wrap past 255 and lose counts.
-    channels, size, out_ch = 960, 3, 8
+def test_all_ones_windows_count_every_bit_without_overflow(layout, channels, size):
+    # 33 vectors of 256 ones, or 49 taps of one word, per window: a byte-lane accumulator summed
+    # later than every 31 steps (refimpl/kernels/byte_dot.py) would wrap past 255 and lose counts.
+    out_ch = 8
     xp = pack_nchw(np.ones((1, channels, size, size), dtype=np.float32))
-    wp = pack_nchw(np.ones((out_ch, channels, 3, 3), dtype=np.float32))
+    wp = pack_nchw(np.ones((out_ch, channels, size, size), dtype=np.float32))
     plan = blocked.ConvPlan(wp, 1, size, size, (1, 1), (0, 0), (1, 1), layout=layout)
     if layout == "nchw":
         a = np.zeros((1, out_ch, 1), dtype=np.int64)
@@ -170,4 +172,4 @@ def test_all_ones_windows_count_every_bit_without_overflow(layout):
     else:
         a = np.zeros((1, 1, out_ch), dtype=np.int32)
         plan(plan.pad(xp), a)
-    assert (a == channels * 9).all(), a.ravel()
+    assert (a == channels * size * size).all(), a.ravel()

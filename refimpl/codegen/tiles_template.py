@@ -136,23 +136,21 @@ def _nhwc_sources(P: int, Q: int) -> list[str]:
         # One word per tap (64 channels) gets its own loop: the generic one ran at ~4 cycles a
         # word there, a quarter of a 64-channel layer's GEMM time (measured at batch 64).
     ]
+    lines += _byte_lookup_lanes(P, Q)
     lines += _nhwc_gather(P)
-    lines += _byte_lookup_panels(P, Q)
     lines += _panel_loop(P, Q, True, _I2, "panel0, panel1")
     return lines + _nhwc_store(P, Q) + ["", ""] + _nhwc_kernel(P, Q)
 
 
-def _byte_lookup_panels(P: int, Q: int) -> list[str]:
-    """The nhwc tile's panels on the paths without a vector popcount: ``byte_dot.dot_block``
-    over the pixel-major ``xt`` and weight rows (``weight_panels(..., rows=True)``), in blocks of
-    BLOCK_PIXELS x BLOCK_CHANNELS; a compile-time constant picks this branch or the one below."""
-    i1, i2, i3, i4 = _I1, _I2, _I3, _I4
-    call = "dot_block(xt, pp * steps, steps, wflat, wo + qq * steps, steps, steps, {out}, {at}, {ps}, {qs})"
-    loops = [f"for pp in range(0, {P}, BLOCK_PIXELS):", f"    for qq in range(0, {Q}, BLOCK_CHANNELS):"]
+def _byte_lookup_panels(P: int, Q: int, call: str, pixels: str, channels: str) -> list[str]:
+    """The panels of the nhwc tile on the paths without a vector popcount: ``call`` (a
+    ``byte_dot`` block of ``pixels`` x ``channels``, with ``{out}``, ``{at}``, ``{ps}``, ``{qs}``
+    left open) over the tile, straight into ``a`` or, at the edges, into ``block``."""
+    i2, i3, i4 = _I2, _I3, _I4
+    loops = [f"for pp in range(0, {P}, {pixels}):", f"    for qq in range(0, {Q}, {channels}):"]
     return [
-        f"{i1}if BYTE_LOOKUP:",
         f"{i2}for panel in range(panel0, panel1):",
-        f"{i3}wo = panel * {Q} * steps",
+        f"{i3}wo = panel * steps * {Q}",
         f"{i3}if first + {P} <= n_pixels and panel * {Q} + {Q} <= n_out:",
         f"{i4}{loops[0]}",
         f"{i4}{loops[1]}",
@@ -167,6 +165,25 @@ def _byte_lookup_panels(P: int, Q: int) -> list[str]:
         f"{i4}        a[(first - a_first + p) * n_out + panel * {Q} + j] = np.int32(block[j, p])",
         f"{i2}return",
     ]
+
+
+def _byte_lookup_lanes(P: int, Q: int) -> list[str]:
+    """The nhwc tile on the paths without a vector popcount (a compile-time constant picks this
+    branch): a tap-major gather, a step's pixels adjacent, and ``byte_dot.lanes_block``."""
+    i1, i2, i3 = _I1, _I2, _I3
+    call = f"lanes_block(xt, pp, {P}, wflat, wo + qq, 1, {Q}, steps, {{out}}, {{at}}, {{ps}}, {{qs}})"
+    return [
+        f"{i1}if BYTE_LOOKUP:",
+        f"{i2}for p in range({P}):",
+        f"{i3}src = np.uint64(bases[first + p])",
+        f"{i3}total = 0",
+        f"{i3}for t in range(n_taps):",
+        f"{i3}    for k in range(np.uint64(k_words)):",
+        f"{i3}        word = xflat[src + np.uint64(taps_off[t]) + k]",
+        f"{i3}        xt[(np.uint64(t) * np.uint64(k_words) + k) * np.uint64({P}) + np.uint64(p)] = word",
+        f"{i3}        total += popcount(word)",
+        f"{i3}px[p] = np.float32(total)",
+    ] + _byte_lookup_panels(P, Q, call, "4 * LANE_GROUPS", "LANE_CHANNELS")
 
 
 def tile_kernel_source(pixels: int, channels: int, layout: str = "nchw") -> list[str]:
@@ -215,10 +232,17 @@ def _nchw_panel(P: int, Q: int) -> list[str]:
     i1, i2 = _I1, _I2
     panel = panel_function_name(P, Q)
     lines = [
-        "@jit",
+        "@jit(slp_vectorize=not BYTE_LOOKUP)",
         f"def {panel}(xt, wflat, steps, panel, out, row0, ld, col):",
         f"{i1}# The {P}x{Q} tile of one panel: channel j of the panel goes to",
         f"{i1}# out[(row0 + j)*ld + col :][:{P}], {P} consecutive positions (SLP: vector stores).",
+        # Without a vector popcount: byte_dot's blocks over the same tap-major xt.
+        f"{i1}if BYTE_LOOKUP:",
+        f"{i2}for pp in range(0, {P}, 4 * LANE_GROUPS):",
+        f"{i2}    for qq in range(0, {Q}, LANE_CHANNELS):",
+        f"{i2}        lanes_block(xt, pp, {P}, wflat, panel * steps * {Q} + qq, 1, {Q}, steps, out,",
+        f"{i2}                    (row0 + qq) * ld + col + pp, 1, ld)",
+        f"{i2}return",
     ]
     body = _panel_loop(P, Q, False, i2, "panel, panel + 1")
     # _panel_loop opens its own loop over panels; here there is exactly one.
@@ -234,7 +258,7 @@ def _nchw_kernel(P: int, Q: int) -> list[str]:
     i1, i2, i3, i4 = _I1, _I2, _I3, _I4
     gather, panel = gather_function_name(P), panel_function_name(P, Q)
     return [
-        "@jit(parallel=True)",
+        "@jit(parallel=True, slp_vectorize=not BYTE_LOOKUP)",
         f"def {kernel_name(P, Q, 'nchw')}(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):",
         f"{i1}# a (N*O*Ho*Wo,) int64; bscratch (T, {Q * P}) int64: the edge tiles' block.",
         f"{i1}n_pixels = a.shape[0] // n_out",
@@ -317,7 +341,7 @@ def generate_tiles() -> str:
         "",
         "from .._jit import jit",
         "from .bits import popcount",
-        "from .byte_dot import BLOCK_CHANNELS, BLOCK_PIXELS, BYTE_LOOKUP, dot_block",
+        "from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, lanes_block",
         "from .fma import fma32",
     ]
     for pixels, channels in TILE_SHAPES:

@@ -5,7 +5,7 @@ from numba import prange
 
 from .._jit import jit
 from .bits import popcount
-from .byte_dot import BLOCK_CHANNELS, BLOCK_PIXELS, BYTE_LOOKUP, dot_block
+from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, lanes_block
 from .fma import fma32
 
 
@@ -33,10 +33,16 @@ def gather_16_nchw(xflat, k_words, taps_off, bases, first, xt):
                     xt[dst + np.uint64(p)] = xflat[np.uint64(bases[first + p]) + off + k]
 
 
-@jit
+@jit(slp_vectorize=not BYTE_LOOKUP)
 def panel_16x8_nchw(xt, wflat, steps, panel, out, row0, ld, col):
     # The 16x8 tile of one panel: channel j of the panel goes to
     # out[(row0 + j)*ld + col :][:16], 16 consecutive positions (SLP: vector stores).
+    if BYTE_LOOKUP:
+        for pp in range(0, 16, 4 * LANE_GROUPS):
+            for qq in range(0, 8, LANE_CHANNELS):
+                lanes_block(xt, pp, 16, wflat, panel * steps * 8 + qq, 1, 8, steps, out,
+                            (row0 + qq) * ld + col + pp, 1, ld)
+        return
     wo = panel * steps * 8
     acc_0_0 = np.uint64(0)
     acc_0_1 = np.uint64(0)
@@ -459,7 +465,7 @@ def panel_16x8_nchw(xt, wflat, steps, panel, out, row0, ld, col):
     out[row + np.uint64(15)] = np.int64(acc_15_7)
 
 
-@jit(parallel=True)
+@jit(parallel=True, slp_vectorize=not BYTE_LOOKUP)
 def tiles_16x8(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):
     # a (N*O*Ho*Wo,) int64; bscratch (T, 128) int64: the edge tiles' block.
     n_pixels = a.shape[0] // n_out
@@ -499,6 +505,31 @@ def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, firs
     # read the zero border: the in-bounds window sum of docs/design.md section 1).
     n_taps = taps_off.shape[0]
     steps = n_taps * k_words
+    if BYTE_LOOKUP:
+        for p in range(16):
+            src = np.uint64(bases[first + p])
+            total = 0
+            for t in range(n_taps):
+                for k in range(np.uint64(k_words)):
+                    word = xflat[src + np.uint64(taps_off[t]) + k]
+                    xt[(np.uint64(t) * np.uint64(k_words) + k) * np.uint64(16) + np.uint64(p)] = word
+                    total += popcount(word)
+            px[p] = np.float32(total)
+        for panel in range(panel0, panel1):
+            wo = panel * steps * 8
+            if first + 16 <= n_pixels and panel * 8 + 8 <= n_out:
+                for pp in range(0, 16, 4 * LANE_GROUPS):
+                    for qq in range(0, 8, LANE_CHANNELS):
+                        lanes_block(xt, pp, 16, wflat, wo + qq, 1, 8, steps, a, (first - a_first + pp) * n_out + panel * 8 + qq, n_out, 1)
+            else:
+                flat = block.reshape(-1)
+                for pp in range(0, 16, 4 * LANE_GROUPS):
+                    for qq in range(0, 8, LANE_CHANNELS):
+                        lanes_block(xt, pp, 16, wflat, wo + qq, 1, 8, steps, flat, qq * 16 + pp, 1, 16)
+                for p in range(min(16, n_pixels - first)):
+                    for j in range(min(8, n_out - panel * 8)):
+                        a[(first - a_first + p) * n_out + panel * 8 + j] = np.int32(block[j, p])
+        return
     if k_words == 1:
         for p in range(16):
             src = np.uint64(bases[first + p])
@@ -521,22 +552,6 @@ def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, firs
                     xt[dst + k] = word
                     total += popcount(word)
             px[p] = np.float32(total)
-    if BYTE_LOOKUP:
-        for panel in range(panel0, panel1):
-            wo = panel * 8 * steps
-            if first + 16 <= n_pixels and panel * 8 + 8 <= n_out:
-                for pp in range(0, 16, BLOCK_PIXELS):
-                    for qq in range(0, 8, BLOCK_CHANNELS):
-                        dot_block(xt, pp * steps, steps, wflat, wo + qq * steps, steps, steps, a, (first - a_first + pp) * n_out + panel * 8 + qq, n_out, 1)
-            else:
-                flat = block.reshape(-1)
-                for pp in range(0, 16, BLOCK_PIXELS):
-                    for qq in range(0, 8, BLOCK_CHANNELS):
-                        dot_block(xt, pp * steps, steps, wflat, wo + qq * steps, steps, steps, flat, qq * 16 + pp, 1, 16)
-                for p in range(min(16, n_pixels - first)):
-                    for j in range(min(8, n_out - panel * 8)):
-                        a[(first - a_first + p) * n_out + panel * 8 + j] = np.int32(block[j, p])
-        return
     for panel in range(panel0, panel1):
         wo = panel * steps * 8
         acc_0_0 = np.uint64(0)

@@ -33,21 +33,14 @@ import numpy as np
 
 from .._jit import jit
 from . import _tiles
-from .byte_dot import BYTE_LOOKUP
 from .geometry import conv_output_size
 from .tiling import LAYOUTS, TILE_CHANNELS, TILE_PIXELS, kernel_name
 
 
-def weight_panels(wp: np.ndarray, channels: int = TILE_CHANNELS, rows: bool = False) -> np.ndarray:
-    """(O, KH, KW, K) words -> flat panels (ceil(O/Q), KH*KW, K, Q), zero words past O; with
-    ``rows``, (ceil(O/Q)*Q, KH*KW*K): one row of words per channel, as the byte-lookup tile reads
-    them (``byte_dot``)."""
+def weight_panels(wp: np.ndarray, channels: int = TILE_CHANNELS) -> np.ndarray:
+    """(O, KH, KW, K) words -> flat panels (ceil(O/Q), KH*KW, K, Q), zero words past O."""
     n_out, kh, kw, k_words = wp.shape
     n_panels = -(-n_out // channels)
-    if rows:
-        panels = np.zeros((n_panels * channels, kh * kw * k_words), dtype=np.uint64)
-        panels[:n_out] = np.ascontiguousarray(wp, dtype=np.uint64).reshape(n_out, -1)
-        return panels.reshape(-1)
     panels = np.empty(n_panels * kh * kw * k_words * channels, dtype=np.uint64)
     _fill_weight_panels(np.ascontiguousarray(wp, dtype=np.uint64).reshape(n_out, kh * kw * k_words), channels, panels)
     return panels
@@ -158,7 +151,7 @@ class ConvPlan:
         self.out_h = conv_output_size(h, kh, stride[0], padding[0], dilation[0])
         self.out_w = conv_output_size(w, kw, stride[1], padding[1], dilation[1])
         P, Q = TILE_PIXELS, TILE_CHANNELS
-        self.panels = weight_panels(wp, Q, rows=layout == "nhwc" and BYTE_LOOKUP)
+        self.panels = weight_panels(wp, Q)
         self.bases, self.taps_off = _window_layout(int(n_img), int(h), int(w), kh, kw, _ints(stride), _ints(padding),
                                                    _ints(dilation), _ints(self.buffer_padding), self.k_words)
         threads = numba.config.NUMBA_NUM_THREADS

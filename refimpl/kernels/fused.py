@@ -13,6 +13,7 @@ from numba import prange
 
 from .._jit import jit
 from . import _tiles
+from .byte_dot import BYTE_LOOKUP
 from .identity_row import identity_row, identity_row_streamed, store_fence
 from .outputs import address
 from .tiling import TILE_CHANNELS, TILE_PIXELS, gather_function_name, panel_function_name
@@ -65,7 +66,8 @@ _GATHER = getattr(_tiles, gather_function_name(TILE_PIXELS))
 _PANEL = getattr(_tiles, panel_function_name(TILE_PIXELS, TILE_CHANNELS))
 
 
-@jit(parallel=True)
+# SLP would re-pack the byte-lookup panel inlined here (refimpl/kernels/byte_dot.py).
+@jit(parallel=True, slp_vectorize=not BYTE_LOOKUP)
 def _counts_fused(xflat, wflat, k_words, taps_off, bases, n_out, positions, chunk, group_panels, workers, xscratch,
                   stages, px, pw, n, a, b, c, d, misaligned, stream):
     # One pass for a, b, c, d (all flat, N*O*positions). Units of work are (image, chunk of
