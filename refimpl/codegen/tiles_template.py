@@ -154,7 +154,8 @@ def _byte_lookup_panels(P: int, Q: int, call: str, pixels: str, channels: str) -
         f"{i3}if first + {P} <= n_pixels and panel * {Q} + {Q} <= n_out:",
         f"{i4}{loops[0]}",
         f"{i4}{loops[1]}",
-        f"{i4}        " + call.format(out="a", at=f"(first - a_first + pp) * n_out + panel * {Q} + qq", ps="n_out", qs="1"),
+        f"{i4}        " + call.replace("lanes_block(", "lanes_block_rows(").format(
+            out="a", at=f"(first - a_first + pp) * n_out + panel * {Q} + qq", ps="n_out", qs="1"),
         f"{i3}else:",
         f"{i4}flat = block.reshape(-1)",
         f"{i4}{loops[0]}",
@@ -341,7 +342,7 @@ def generate_tiles() -> str:
         "",
         "from .._jit import jit",
         "from .bits import popcount",
-        "from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, lanes_block",
+        "from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, lanes_block, lanes_block_rows",
         "from .fma import fma32",
     ]
     for pixels, channels in TILE_SHAPES:

@@ -5,7 +5,7 @@ from numba import prange
 
 from .._jit import jit
 from .bits import popcount
-from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, lanes_block
+from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, lanes_block, lanes_block_rows
 from .fma import fma32
 
 
@@ -520,7 +520,7 @@ def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, firs
             if first + 16 <= n_pixels and panel * 8 + 8 <= n_out:
                 for pp in range(0, 16, 4 * LANE_GROUPS):
                     for qq in range(0, 8, LANE_CHANNELS):
-                        lanes_block(xt, pp, 16, wflat, wo + qq, 1, 8, steps, a, (first - a_first + pp) * n_out + panel * 8 + qq, n_out, 1)
+                        lanes_block_rows(xt, pp, 16, wflat, wo + qq, 1, 8, steps, a, (first - a_first + pp) * n_out + panel * 8 + qq, n_out, 1)
             else:
                 flat = block.reshape(-1)
                 for pp in range(0, 16, 4 * LANE_GROUPS):

@@ -68,8 +68,26 @@ def _broadcast(builder, word):
     return builder.shuffle_vector(lane0, ir.Constant(_V4, ir.Undefined), ir.Constant(ir.VectorType(_I32, 4), [0] * 4))
 
 
-def _lanes_block_codegen(G: int, Q: int):
-    """The LLVM body of ``lanes_block`` for G groups of 4 pixels by Q channels."""
+def _store_rows(builder, out, ooff, ps, value_of, G: int, Q: int):
+    """Pixel by pixel, its Q counts as one vector store (channels contiguous: qs = 1), the
+    4 x Q transpose of each group's accumulators done in registers."""
+    element = out.type.pointee
+    row_type = ir.VectorType(element, Q)
+    for g in range(G):
+        totals = [value_of(g, q) for q in range(Q)]
+        for lane in range(LANES):
+            row = ir.Constant(ir.VectorType(_I64, Q), ir.Undefined)
+            for q in range(Q):
+                count = builder.extract_element(totals[q], ir.Constant(_I32, lane))
+                row = builder.insert_element(row, count, ir.Constant(_I32, q))
+            row = builder.trunc(row, row_type) if element.width < 64 else row
+            at = builder.add(ooff, builder.mul(ps, ir.Constant(_I64, LANES * g + lane)))
+            builder.store(row, builder.bitcast(builder.gep(out, [at]), row_type.as_pointer()), align=element.width // 8)
+
+
+def _lanes_block_codegen(G: int, Q: int, rows: bool = False):
+    """The LLVM body of ``lanes_block`` for G groups of 4 pixels by Q channels (``rows``: of
+    ``lanes_block_rows``)."""
 
     def codegen(context, builder, signature, args):
         x_ty, w_ty, out_ty = signature.args[0], signature.args[3], signature.args[8]
@@ -106,6 +124,9 @@ def _lanes_block_codegen(G: int, Q: int):
                         builder.store(builder.add(builder.load(acc[g, q]), bytes_), acc[g, q])
             for gq in pairs:
                 builder.store(builder.add(builder.load(total[gq]), _lane_sums(builder, builder.load(acc[gq]))), total[gq])
+        if rows:
+            _store_rows(builder, out, ooff, ps, lambda g, q: builder.load(total[g, q]), G, Q)
+            return context.get_dummy_value()
         element = out.type.pointee
         for g, q in pairs:
             value = builder.load(total[g, q])
@@ -123,12 +144,12 @@ def _is_words(array) -> bool:
     return isinstance(array, types.Array) and array.ndim == 1 and array.layout == "C" and array.dtype == types.uint64
 
 
-def _make_lanes_block(G: int, Q: int):
+def _make_lanes_block(G: int, Q: int, rows: bool = False):
     def lanes_block(typingctx, x, xoff, xstep, w, woff, wq, ws, steps, out, ooff, ps, qs):
         if not (_is_words(x) and _is_words(w) and isinstance(out, types.Array) and out.ndim == 1
                 and out.layout == "C" and out.dtype in (types.int32, types.int64, types.uint64)):
             return None
-        return types.void(x, xoff, xstep, w, woff, wq, ws, steps, out, ooff, ps, qs), _lanes_block_codegen(G, Q)
+        return types.void(x, xoff, xstep, w, woff, wq, ws, steps, out, ooff, ps, qs), _lanes_block_codegen(G, Q, rows)
 
     lanes_block.__doc__ = f"""out[ooff + p*ps + q*qs] = sum over s < steps of popcount(x[xoff + s*xstep + p] AND
     w[woff + q*wq + s*ws]), for p < {LANES * G}, q < {Q}: a block of binary dot products with the
@@ -139,3 +160,6 @@ def _make_lanes_block(G: int, Q: int):
 
 
 lanes_block = _make_lanes_block(LANE_GROUPS, LANE_CHANNELS)
+# The same with ``qs`` taken as 1 (ignored): each pixel's channels stored as one vector, for the
+# engine's channels-last ``a`` (32 scalar stores a block otherwise).
+lanes_block_rows = _make_lanes_block(LANE_GROUPS, LANE_CHANNELS, rows=True)
