@@ -94,33 +94,93 @@ T_VPOPCNT static uint64_t vpopcnt_registers(long steps) {
     return sink;
 }
 
-/* ---------------------------------------------------------------- shared by avx512bw, avx2 -- */
+/* ---------------------------------------------------------------- shared by the vector loops */
 /* Muła's lookup: the popcount of each nibble from a 16-entry table, two shuffles per vector. */
 #define LOOKUP_TABLE 0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4
+
+/* The byte-count and Harley-Seal loops are one algorithm on several vector widths: each is
+ * written once below (BYTE_COUNT_LOOP, HARLEY_SEAL_LOOP) over a width's names, V512_* (zmm),
+ * V256_* (ymm) or V128_* (xmm): its type, 64-bit words per vector, loads, and, byte and 64-bit
+ * adds, psadbw, the byte counts of a vector (nibble lookup or bit slices), the sum of its 64-bit
+ * lanes, the count of a vector and the carry-save adder. */
 
 /* Harley-Seal over the k steps (Muła, Kurz, Lemire 2018), per weight: the 16 vectors x AND w of
  * a block go through a tree of 15 carry-save adders (CSA: h:l = a + b + c bit by bit) into ones,
  * twos, fours, eights; only the block's carry out is popcounted. Count = 16 x (carries) +
- * 8 x eights + 4 x fours + 2 x twos + ones. P(k) is the k-th vector x AND w of the block. */
-#define CSA_TREE(V, CSA, P, ones, twos, fours, eights, carry)                                  \
+ * 8 x eights + 4 x fours + 2 x twos + ones. P(V, k) is the k-th vector x AND w of the block. */
+#define CSA_TREE(V, P, ones, twos, fours, eights, carry)                                        \
     do {                                                                                        \
-        V twos_a, twos_b, fours_a, fours_b, eights_a, eights_b;                                \
-        CSA(twos_a, ones, ones, P(0), P(1));                                                    \
-        CSA(twos_b, ones, ones, P(2), P(3));                                                    \
-        CSA(fours_a, twos, twos, twos_a, twos_b);                                               \
-        CSA(twos_a, ones, ones, P(4), P(5));                                                    \
-        CSA(twos_b, ones, ones, P(6), P(7));                                                    \
-        CSA(fours_b, twos, twos, twos_a, twos_b);                                               \
-        CSA(eights_a, fours, fours, fours_a, fours_b);                                          \
-        CSA(twos_a, ones, ones, P(8), P(9));                                                    \
-        CSA(twos_b, ones, ones, P(10), P(11));                                                  \
-        CSA(fours_a, twos, twos, twos_a, twos_b);                                               \
-        CSA(twos_a, ones, ones, P(12), P(13));                                                  \
-        CSA(twos_b, ones, ones, P(14), P(15));                                                  \
-        CSA(fours_b, twos, twos, twos_a, twos_b);                                               \
-        CSA(eights_b, fours, fours, fours_a, fours_b);                                          \
-        CSA(carry, eights, eights, eights_a, eights_b);                                         \
+        V##_T twos_a, twos_b, fours_a, fours_b, eights_a, eights_b;                             \
+        CSA_FOURS(V, P, 0, ones, twos, fours_a);                                                \
+        CSA_FOURS(V, P, 4, ones, twos, fours_b);                                                \
+        V##_CSA(eights_a, fours, fours, fours_a, fours_b);                                      \
+        CSA_FOURS(V, P, 8, ones, twos, fours_a);                                                \
+        CSA_FOURS(V, P, 12, ones, twos, fours_b);                                               \
+        V##_CSA(eights_b, fours, fours, fours_a, fours_b);                                      \
+        V##_CSA(carry, eights, eights, eights_a, eights_b);                                     \
     } while (0)
+
+/* Vectors k..k+3 into ones and twos, their carry out of twos into fours_out (in CSA_TREE). */
+#define CSA_FOURS(V, P, k, ones, twos, fours_out)                                               \
+    do {                                                                                        \
+        V##_CSA(twos_a, ones, ones, P(V, k), P(V, k + 1));                                      \
+        V##_CSA(twos_b, ones, ones, P(V, k + 2), P(V, k + 3));                                  \
+        V##_CSA(fours_out, twos, twos, twos_a, twos_b);                                         \
+    } while (0)
+
+/* Weights in registers, input vectors loaded, byte accumulators for 31 steps (31 x 8 = 248 <
+ * 256), then one psadbw widens them into 64-bit lanes. */
+#define BYTE_COUNT_LOOP(NAME, TARGET, V, WEIGHTS)                                                   \
+    TARGET static uint64_t NAME(long steps) {                                                   \
+        const V##_T zero = V##_ZERO();                                                          \
+        V##_T x[STEPS], w[WEIGHTS], acc[WEIGHTS], wide[WEIGHTS];                                \
+        for (int i = 0; i < STEPS; i++) x[i] = V##_LOADU(&X[i * V##_WORDS]);                    \
+        for (int j = 0; j < WEIGHTS; j++) {                                                     \
+            w[j] = V##_LOADU(&W[j * V##_WORDS]);                                                \
+            wide[j] = zero;                                                                     \
+        }                                                                                       \
+        long i = 0;                                                                             \
+        for (long block = 0; block < steps; block += 31) {                                      \
+            for (int j = 0; j < WEIGHTS; j++) acc[j] = zero;                                    \
+            for (int s = 0; s < 31; s++, i++) {                                                 \
+                V##_T xv = V##_LOAD(&x[i & 63]);                                                \
+                _Pragma("GCC unroll 8") for (int j = 0; j < WEIGHTS; j++)                       \
+                    acc[j] = V##_ADD8(acc[j], V##_BYTES(V##_AND(xv, w[j])));                   \
+            }                                                                                   \
+            for (int j = 0; j < WEIGHTS; j++) wide[j] = V##_ADD64(wide[j], V##_SAD(acc[j], zero)); \
+        }                                                                                       \
+        uint64_t sink = 0;                                                                      \
+        for (int j = 0; j < WEIGHTS; j++) sink += V##_SUM(wide[j]);                             \
+        return sink;                                                                            \
+    }
+
+/* The k-th input vector of the block AND the weight, inside HARLEY_SEAL_LOOP. */
+#define XS_AND_W(V, k) V##_AND(V##_LOAD(&xs[k]), wj)
+
+/* Per weight: ones, twos, fours, eights carry-save registers and a 64-bit sum of the carries. */
+#define HARLEY_SEAL_LOOP(NAME, TARGET, V, WEIGHTS)                                              \
+    TARGET static uint64_t NAME(long steps) {                                                   \
+        V##_T x[STEPS], w[WEIGHTS], ones[WEIGHTS], twos[WEIGHTS], fours[WEIGHTS], eights[WEIGHTS], \
+            sixteens[WEIGHTS];                                                                  \
+        for (int i = 0; i < STEPS; i++) x[i] = V##_LOADU(&X[i * V##_WORDS]);                    \
+        for (int j = 0; j < WEIGHTS; j++) {                                                     \
+            w[j] = V##_LOADU(&W[j * V##_WORDS]);                                                \
+            ones[j] = twos[j] = fours[j] = eights[j] = sixteens[j] = V##_ZERO();                \
+        }                                                                                       \
+        for (long block = 0; block < steps; block += 16) {                                      \
+            const V##_T *xs = &x[block & 63]; /* block is a multiple of 16: xs[0..15] in range */ \
+            _Pragma("GCC unroll 4") for (int j = 0; j < WEIGHTS; j++) {                         \
+                V##_T wj = w[j], carry;                                                         \
+                CSA_TREE(V, XS_AND_W, ones[j], twos[j], fours[j], eights[j], carry);            \
+                sixteens[j] = V##_ADD64(sixteens[j], V##_SAD(V##_BYTES(carry), V##_ZERO()));   \
+            }                                                                                   \
+        }                                                                                       \
+        uint64_t sink = 0;                                                                      \
+        for (int j = 0; j < WEIGHTS; j++)                                                       \
+            sink += 16 * V##_SUM(sixteens[j]) + 8 * V##_COUNT(eights[j]) + 4 * V##_COUNT(fours[j]) + \
+                    2 * V##_COUNT(twos[j]) + V##_COUNT(ones[j]);                                \
+        return sink;                                                                            \
+    }
 
 /* ---------------------------------------------------------------- avx512bw ------------------ */
 #define BW_WEIGHTS 8
@@ -132,27 +192,8 @@ T_AVX512BW static inline __m512i lookup512(__m512i v) {
     return _mm512_add_epi8(lo, hi); /* byte counts, at most 8 */
 }
 
-T_AVX512BW static uint64_t avx512bw_lookup(long steps) {
-    const __m512i zero = _mm512_setzero_si512();
-    __m512i x[STEPS], w[BW_WEIGHTS], acc[BW_WEIGHTS], wide[BW_WEIGHTS];
-    for (int i = 0; i < STEPS; i++) x[i] = _mm512_loadu_si512(&X[i * 8]);
-    for (int j = 0; j < BW_WEIGHTS; j++) {
-        w[j] = _mm512_loadu_si512(&W[j * 8]);
-        wide[j] = zero;
-    }
-    long i = 0;
-    for (long block = 0; block < steps; block += 31) {
-        for (int j = 0; j < BW_WEIGHTS; j++) acc[j] = zero;
-        for (int s = 0; s < 31; s++, i++) {
-            __m512i xv = _mm512_load_si512(&x[i & 63]);
-#pragma GCC unroll 8
-            for (int j = 0; j < BW_WEIGHTS; j++) acc[j] = _mm512_add_epi8(acc[j], lookup512(_mm512_and_si512(xv, w[j])));
-        }
-        for (int j = 0; j < BW_WEIGHTS; j++) wide[j] = _mm512_add_epi64(wide[j], _mm512_sad_epu8(acc[j], zero));
-    }
-    uint64_t sink = 0;
-    for (int j = 0; j < BW_WEIGHTS; j++) sink += _mm512_reduce_add_epi64(wide[j]);
-    return sink;
+T_AVX512BW static inline uint64_t count512(__m512i v) {
+    return (uint64_t)_mm512_reduce_add_epi64(_mm512_sad_epu8(lookup512(v), _mm512_setzero_si512()));
 }
 
 /* AVX-512 has three-input logic: a CSA is two vpternlogq (majority 0xE8, parity 0x96). */
@@ -162,37 +203,25 @@ T_AVX512BW static uint64_t avx512bw_lookup(long steps) {
         h = _mm512_ternarylogic_epi64(a_, b_, c_, 0xE8);                                        \
         l = _mm512_ternarylogic_epi64(a_, b_, c_, 0x96);                                        \
     } while (0)
+
+#define V512_T __m512i
+#define V512_WORDS 8
+#define V512_ZERO _mm512_setzero_si512
+#define V512_LOADU(p) _mm512_loadu_si512(p)
+#define V512_LOAD _mm512_load_si512
+#define V512_AND _mm512_and_si512
+#define V512_ADD8 _mm512_add_epi8
+#define V512_ADD64 _mm512_add_epi64
+#define V512_SAD _mm512_sad_epu8
+#define V512_BYTES lookup512
+#define V512_SUM(v) ((uint64_t)_mm512_reduce_add_epi64(v))
+#define V512_COUNT count512
+#define V512_CSA CSA512
+
 #define HS512_WEIGHTS 3 /* per weight: 4 carry-save registers, the weight, a sum; 3 fit in 32 zmm */
 
-T_AVX512BW static inline uint64_t count512(__m512i v) {
-    return (uint64_t)_mm512_reduce_add_epi64(_mm512_sad_epu8(lookup512(v), _mm512_setzero_si512()));
-}
-
-T_AVX512BW static uint64_t avx512bw_harley_seal(long steps) {
-    __m512i x[STEPS], w[HS512_WEIGHTS], ones[HS512_WEIGHTS], twos[HS512_WEIGHTS], fours[HS512_WEIGHTS],
-        eights[HS512_WEIGHTS], sixteens[HS512_WEIGHTS];
-    for (int i = 0; i < STEPS; i++) x[i] = _mm512_loadu_si512(&X[i * 8]);
-    for (int j = 0; j < HS512_WEIGHTS; j++) {
-        w[j] = _mm512_loadu_si512(&W[j * 8]);
-        ones[j] = twos[j] = fours[j] = eights[j] = sixteens[j] = _mm512_setzero_si512();
-    }
-    for (long block = 0; block < steps; block += 16) {
-        const __m512i *xs = &x[block & 63]; /* block is a multiple of 16: xs[0..15] in range */
-#pragma GCC unroll 4
-        for (int j = 0; j < HS512_WEIGHTS; j++) {
-            __m512i wj = w[j], carry;
-#define P(k) _mm512_and_si512(_mm512_load_si512(&xs[k]), wj)
-            CSA_TREE(__m512i, CSA512, P, ones[j], twos[j], fours[j], eights[j], carry);
-#undef P
-            sixteens[j] = _mm512_add_epi64(sixteens[j], _mm512_sad_epu8(lookup512(carry), _mm512_setzero_si512()));
-        }
-    }
-    uint64_t sink = 0;
-    for (int j = 0; j < HS512_WEIGHTS; j++)
-        sink += 16 * (uint64_t)_mm512_reduce_add_epi64(sixteens[j]) + 8 * count512(eights[j]) + 4 * count512(fours[j]) +
-                2 * count512(twos[j]) + count512(ones[j]);
-    return sink;
-}
+BYTE_COUNT_LOOP(avx512bw_lookup, T_AVX512BW, V512, BW_WEIGHTS)
+HARLEY_SEAL_LOOP(avx512bw_harley_seal, T_AVX512BW, V512, HS512_WEIGHTS)
 
 /* ---------------------------------------------------------------- avx2 ---------------------- */
 #define AVX2_WEIGHTS 4 /* 16 ymm registers: 4 weights, 4 byte accumulators, table, mask, temporaries */
@@ -209,29 +238,37 @@ T_AVX2 static inline __m256i lookup256(__m256i v) {
     return _mm256_add_epi8(lo, hi); /* byte counts, at most 8 */
 }
 
-/* The lookup per vector: vpand, then vpand, vpsrlw, vpand, 2x vpshufb, 2x vpaddb (8 ops). */
-T_AVX2 static uint64_t avx2_lookup(long steps) {
-    const __m256i zero = _mm256_setzero_si256();
-    __m256i x[STEPS], w[AVX2_WEIGHTS], acc[AVX2_WEIGHTS], wide[AVX2_WEIGHTS];
-    for (int i = 0; i < STEPS; i++) x[i] = _mm256_loadu_si256((const __m256i *)&X[i * 4]);
-    for (int j = 0; j < AVX2_WEIGHTS; j++) {
-        w[j] = _mm256_loadu_si256((const __m256i *)&W[j * 4]);
-        wide[j] = zero;
-    }
-    long i = 0;
-    for (long block = 0; block < steps; block += 31) {
-        for (int j = 0; j < AVX2_WEIGHTS; j++) acc[j] = zero;
-        for (int s = 0; s < 31; s++, i++) {
-            __m256i xv = _mm256_load_si256(&x[i & 63]);
-#pragma GCC unroll 8
-            for (int j = 0; j < AVX2_WEIGHTS; j++) acc[j] = _mm256_add_epi8(acc[j], lookup256(_mm256_and_si256(xv, w[j])));
-        }
-        for (int j = 0; j < AVX2_WEIGHTS; j++) wide[j] = _mm256_add_epi64(wide[j], _mm256_sad_epu8(acc[j], zero));
-    }
-    uint64_t sink = 0;
-    for (int j = 0; j < AVX2_WEIGHTS; j++) sink += sum256(wide[j]);
-    return sink;
+T_AVX2 static inline uint64_t count256(__m256i v) {
+    return sum256(_mm256_sad_epu8(lookup256(v), _mm256_setzero_si256()));
 }
+
+/* AVX2 has no three-input logic: a CSA is 5 ops, against 8 per vector for the lookup. */
+#define CSA256(h, l, a, b, c)                                                                   \
+    do {                                                                                        \
+        __m256i u_ = _mm256_xor_si256(a, b), c_ = (c);                                         \
+        h = _mm256_or_si256(_mm256_and_si256(a, b), _mm256_and_si256(u_, c_));                 \
+        l = _mm256_xor_si256(u_, c_);                                                           \
+    } while (0)
+
+#define V256_T __m256i
+#define V256_WORDS 4
+#define V256_ZERO _mm256_setzero_si256
+#define V256_LOADU(p) _mm256_loadu_si256((const __m256i *)(p))
+#define V256_LOAD _mm256_load_si256
+#define V256_AND _mm256_and_si256
+#define V256_ADD8 _mm256_add_epi8
+#define V256_ADD64 _mm256_add_epi64
+#define V256_SAD _mm256_sad_epu8
+#define V256_BYTES lookup256
+#define V256_SUM sum256
+#define V256_COUNT count256
+#define V256_CSA CSA256
+
+#define HS_WEIGHTS 2 /* per weight: 4 carry-save registers and the weight; 2 fit in 16 ymm */
+
+/* The lookup per vector: vpand, then vpand, vpsrlw, vpand, 2x vpshufb, 2x vpaddb (8 ops). */
+BYTE_COUNT_LOOP(avx2_lookup, T_AVX2, V256, AVX2_WEIGHTS)
+HARLEY_SEAL_LOOP(avx2_harley_seal, T_AVX2, V256, HS_WEIGHTS)
 
 /* The lookup with the input's nibbles split once per load: the low nibbles of x AND w are
  * (x & 0x0f..) AND w, the high ones ((x >> 4) & 0x0f..) AND (w >> 4), so a vector costs
@@ -266,80 +303,36 @@ T_AVX2 static uint64_t avx2_split(long steps) {
     return sink;
 }
 
-/* AVX2 has no three-input logic: a CSA is 5 ops, against 8 per vector for the lookup. */
-#define CSA256(h, l, a, b, c)                                                                   \
-    do {                                                                                        \
-        __m256i u_ = _mm256_xor_si256(a, b), c_ = (c);                                         \
-        h = _mm256_or_si256(_mm256_and_si256(a, b), _mm256_and_si256(u_, c_));                 \
-        l = _mm256_xor_si256(u_, c_);                                                           \
-    } while (0)
-#define HS_WEIGHTS 2 /* per weight: 4 carry-save registers and the weight; 2 fit in 16 ymm */
-
-T_AVX2 static inline uint64_t count256(__m256i v) {
-    return sum256(_mm256_sad_epu8(lookup256(v), _mm256_setzero_si256()));
-}
-
-T_AVX2 static uint64_t avx2_harley_seal(long steps) {
-    __m256i x[STEPS], w[HS_WEIGHTS], ones[HS_WEIGHTS], twos[HS_WEIGHTS], fours[HS_WEIGHTS],
-        eights[HS_WEIGHTS], sixteens[HS_WEIGHTS];
-    for (int i = 0; i < STEPS; i++) x[i] = _mm256_loadu_si256((const __m256i *)&X[i * 4]);
-    for (int j = 0; j < HS_WEIGHTS; j++) {
-        w[j] = _mm256_loadu_si256((const __m256i *)&W[j * 4]);
-        ones[j] = twos[j] = fours[j] = eights[j] = sixteens[j] = _mm256_setzero_si256();
-    }
-    for (long block = 0; block < steps; block += 16) {
-        const __m256i *xs = &x[block & 63]; /* block is a multiple of 16: xs[0..15] in range */
-#pragma GCC unroll 4
-        for (int j = 0; j < HS_WEIGHTS; j++) {
-            __m256i wj = w[j], carry;
-#define P(k) _mm256_and_si256(_mm256_load_si256(&xs[k]), wj)
-            CSA_TREE(__m256i, CSA256, P, ones[j], twos[j], fours[j], eights[j], carry);
-#undef P
-            sixteens[j] = _mm256_add_epi64(sixteens[j], _mm256_sad_epu8(lookup256(carry), _mm256_setzero_si256()));
-        }
-    }
-    uint64_t sink = 0;
-    for (int j = 0; j < HS_WEIGHTS; j++)
-        sink += 16 * sum256(sixteens[j]) + 8 * count256(eights[j]) + 4 * count256(fours[j]) +
-                2 * count256(twos[j]) + count256(ones[j]);
-    return sink;
-}
-
 /* ---------------------------------------------------------------- portable (x86-64) --------- */
+#define T_BASELINE /* SSE2 is in every x86-64 */
 #define SSE2_WEIGHTS 4
 
-/* The x86-64 baseline (SSE2, no popcnt): the bit-slice count of each byte, byte accumulators
- * for 31 steps, one psadbw. LLVM expands ctpop the same way for the portable target. */
-static uint64_t portable_sse2(long steps) {
+/* The x86-64 baseline has no popcnt: the bit-slice count of each byte (LLVM expands ctpop the
+ * same way for the portable target). */
+static inline __m128i bitslice128(__m128i t) {
     const __m128i m1 = _mm_set1_epi8(0x55), m2 = _mm_set1_epi8(0x33), m4 = _mm_set1_epi8(0x0f);
-    const __m128i zero = _mm_setzero_si128();
-    __m128i x[STEPS], w[SSE2_WEIGHTS], acc[SSE2_WEIGHTS], wide[SSE2_WEIGHTS];
-    for (int i = 0; i < STEPS; i++) x[i] = _mm_loadu_si128((const __m128i *)&X[i * 2]);
-    for (int j = 0; j < SSE2_WEIGHTS; j++) {
-        w[j] = _mm_loadu_si128((const __m128i *)&W[j * 2]);
-        wide[j] = zero;
-    }
-    long i = 0;
-    for (long block = 0; block < steps; block += 31) {
-        for (int j = 0; j < SSE2_WEIGHTS; j++) acc[j] = zero;
-        for (int s = 0; s < 31; s++, i++) {
-            __m128i xv = _mm_load_si128(&x[i & 63]);
-#pragma GCC unroll 8
-            for (int j = 0; j < SSE2_WEIGHTS; j++) {
-                __m128i t = _mm_and_si128(xv, w[j]);
-                t = _mm_sub_epi8(t, _mm_and_si128(_mm_srli_epi64(t, 1), m1));
-                t = _mm_add_epi8(_mm_and_si128(t, m2), _mm_and_si128(_mm_srli_epi64(t, 2), m2));
-                t = _mm_and_si128(_mm_add_epi8(t, _mm_srli_epi64(t, 4)), m4);
-                acc[j] = _mm_add_epi8(acc[j], t);
-            }
-        }
-        for (int j = 0; j < SSE2_WEIGHTS; j++) wide[j] = _mm_add_epi64(wide[j], _mm_sad_epu8(acc[j], zero));
-    }
-    uint64_t sink = 0;
-    for (int j = 0; j < SSE2_WEIGHTS; j++)
-        sink += (uint64_t)_mm_cvtsi128_si64(wide[j]) + (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(wide[j], wide[j]));
-    return sink;
+    t = _mm_sub_epi8(t, _mm_and_si128(_mm_srli_epi64(t, 1), m1));
+    t = _mm_add_epi8(_mm_and_si128(t, m2), _mm_and_si128(_mm_srli_epi64(t, 2), m2));
+    return _mm_and_si128(_mm_add_epi8(t, _mm_srli_epi64(t, 4)), m4); /* byte counts, at most 8 */
 }
+
+static inline uint64_t sum128(__m128i v) {
+    return (uint64_t)_mm_cvtsi128_si64(v) + (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(v, v));
+}
+
+#define V128_T __m128i
+#define V128_WORDS 2
+#define V128_ZERO _mm_setzero_si128
+#define V128_LOADU(p) _mm_loadu_si128((const __m128i *)(p))
+#define V128_LOAD _mm_load_si128
+#define V128_AND _mm_and_si128
+#define V128_ADD8 _mm_add_epi8
+#define V128_ADD64 _mm_add_epi64
+#define V128_SAD _mm_sad_epu8
+#define V128_BYTES bitslice128
+#define V128_SUM sum128
+
+BYTE_COUNT_LOOP(portable_sse2, T_BASELINE, V128, SSE2_WEIGHTS)
 #else
 #define T_POPCNT
 #endif /* X86 */
