@@ -60,28 +60,66 @@ def test_positive_float_refuses_what_is_not_finite_and_positive(text):
 
 
 # ---------------------------------------------------------------------------------------------
-# bnn.train
+# Every command that makes a folder: bnn.train, bnn.search, bnn.reproduce, bnn.evidence
+
+# Each command's main and the arguments it runs with, FOLDER standing for the folder it would make
+# and DATA for its data folder; the refused setting comes after them (argparse keeps the last value).
+FOLDER, DATA = "<folder>", "<data>"
+COMMANDS = {
+    "train": (bnn_train.main, ["--out", FOLDER, "--no-progress"]),
+    "search": (search_cli.main, ["--run-dir", FOLDER, "--no-progress"]),
+    "reproduce": (reproduce.main, ["--cells", "cifar10/nin/baseline", "--root", FOLDER, "--data-dir", DATA,
+                                   "--epochs", "1", "--no-progress"]),
+    "evidence": (evidence.main, ["--dataset", "digits", "--epochs", "1", "--root", FOLDER, "--no-progress"]),
+}
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--val-size", "-5"], ["--val-size", "'-5'", ">= 0"]),
-    (["--val-size", "99999"], ["val_size", "99999", f"0..{DIGITS_TRAIN - 1}"]),
-    (["--train-size", "99999"], ["train_size", "99999", "1.."]),
-    (["--seed", U64_MAX], ["--seed", U64_MAX, "0..2**63-1"]),
-    (["--seed", "-1"], ["--seed", "'-1'", "0..2**63-1"]),
-    (["--device", "tpu"], ["'tpu'", "auto, cpu, cuda or cuda:N"]),
-    pytest.param(["--device", "cuda:9"], ["cuda:9"], marks=NO_CUDA_9),
-    (["--lr", "inf"], ["--lr", "'inf'", "finite number > 0"]),
-    (["--lr", "nan"], ["--lr", "'nan'", "finite number > 0"]),
-    (["--lr", "0"], ["--lr", "finite number > 0"]),
-    (["--epochs", "0"], ["--epochs", "positive integer"]),
-    (["--epochs", "３"], ["--epochs", "positive integer"]),
-    (["--batch-size", "-2"], ["--batch-size", "positive integer"]),
+@pytest.mark.parametrize("command, args, words", [
+    ("train", ["--val-size", "-5"], ["--val-size", "'-5'", ">= 0"]),
+    ("train", ["--val-size", "99999"], ["val_size", "99999", f"0..{DIGITS_TRAIN - 1}"]),
+    ("train", ["--train-size", "99999"], ["train_size", "99999", "1.."]),
+    ("train", ["--seed", U64_MAX], ["--seed", U64_MAX, "0..2**63-1"]),
+    ("train", ["--seed", "-1"], ["--seed", "'-1'", "0..2**63-1"]),
+    ("train", ["--device", "tpu"], ["'tpu'", "auto, cpu, cuda or cuda:N"]),
+    pytest.param("train", ["--device", "cuda:9"], ["cuda:9"], marks=NO_CUDA_9),
+    ("train", ["--lr", "inf"], ["--lr", "'inf'", "finite number > 0"]),
+    ("train", ["--lr", "nan"], ["--lr", "'nan'", "finite number > 0"]),
+    ("train", ["--lr", "0"], ["--lr", "finite number > 0"]),
+    ("train", ["--epochs", "0"], ["--epochs", "positive integer"]),
+    ("train", ["--epochs", "３"], ["--epochs", "positive integer"]),
+    ("train", ["--batch-size", "-2"], ["--batch-size", "positive integer"]),
+    ("search", ["--val-size", "-5"], ["--val-size", "'-5'"]),
+    ("search", ["--val-size", "99999"], ["val_size", "99999", f"0..{DIGITS_TRAIN - 1}"]),
+    ("search", ["--train-size", "99999"], ["train_size", "99999"]),
+    ("search", ["--train-seed", U64_MAX], ["--train-seed", U64_MAX, "0..2**63-1"]),
+    ("search", ["--seed", "-1"], ["--seed", "0..2**63-1"]),
+    ("search", ["--device", "tpu"], ["'tpu'", "cuda:N"]),
+    pytest.param("search", ["--device", "cuda:9"], ["cuda:9"], marks=NO_CUDA_9),
+    ("search", ["--max-minutes", "inf"], ["--max-minutes", "'inf'", "finite number > 0"]),
+    ("search", ["--max-minutes", "nan"], ["--max-minutes", "'nan'"]),
+    ("search", ["--max-minutes", "-1"], ["--max-minutes", "'-1'"]),
+    ("search", ["--lr", "inf"], ["--lr", "'inf'"]),
+    ("search", ["--epochs", "0"], ["--epochs", "positive integer"]),
+    ("reproduce", ["--device", "tpu"], ["'tpu'"]),
+    ("reproduce", ["--seed", U64_MAX], ["--seed", "0..2**63-1"]),
+    ("reproduce", ["--epochs", "0"], ["--epochs", "positive integer"]),
+    ("reproduce", ["--val-size", "-5"], ["--val-size", "'-5'"]),
+    ("evidence", ["--val-size", "99999"], ["val_size", "99999", f"0..{DIGITS_TRAIN - 1}"]),
+    ("evidence", ["--seeds", f"0,{U64_MAX}"], ["--seeds", U64_MAX, "0..2**63-1"]),
+    ("evidence", ["--lr", "inf"], ["--lr", "'inf'"]),
+    ("evidence", ["--device", "tpu"], ["'tpu'"]),
+    ("evidence", ["--jobs", "0"], ["--jobs", "positive integer"]),
 ])
-def test_train_refuses_a_setting_before_making_its_run_folder(tmp_path, capsys, args, words):
-    out = tmp_path / "run"
-    _refused(bnn_train.main, ["--out", str(out), "--no-progress", *args], capsys, *words)
-    assert not out.exists()
+def test_a_command_refuses_a_setting_before_making_its_folder(tmp_path, capsys, command, args, words):
+    main, argv = COMMANDS[command]
+    folder = tmp_path / "folder"
+    given = {FOLDER: str(folder), DATA: str(tmp_path)}
+    _refused(main, [*(given.get(a, a) for a in argv), *args], capsys, *words)
+    assert not folder.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# bnn.train and bnn.search: --resume, and the training API
 
 
 @pytest.mark.parametrize("extra", [["--measure", "M1"], ["--out", "elsewhere"], ["--seed", "0"], ["--lr", "0.1"]])
@@ -97,68 +135,11 @@ def test_train_config_refuses_what_the_api_would_truncate_or_overflow():
             bnn_train.TrainConfig(**bad).validate()
 
 
-# ---------------------------------------------------------------------------------------------
-# bnn.search (training fitness: the default)
-
-
-@pytest.mark.parametrize("args, words", [
-    (["--val-size", "-5"], ["--val-size", "'-5'"]),
-    (["--val-size", "99999"], ["val_size", "99999", f"0..{DIGITS_TRAIN - 1}"]),
-    (["--train-size", "99999"], ["train_size", "99999"]),
-    (["--train-seed", U64_MAX], ["--train-seed", U64_MAX, "0..2**63-1"]),
-    (["--seed", "-1"], ["--seed", "0..2**63-1"]),
-    (["--device", "tpu"], ["'tpu'", "cuda:N"]),
-    pytest.param(["--device", "cuda:9"], ["cuda:9"], marks=NO_CUDA_9),
-    (["--max-minutes", "inf"], ["--max-minutes", "'inf'", "finite number > 0"]),
-    (["--max-minutes", "nan"], ["--max-minutes", "'nan'"]),
-    (["--max-minutes", "-1"], ["--max-minutes", "'-1'"]),
-    (["--lr", "inf"], ["--lr", "'inf'"]),
-    (["--epochs", "0"], ["--epochs", "positive integer"]),
-])
-def test_search_refuses_a_setting_before_the_first_evaluation(tmp_path, capsys, args, words):
-    run = tmp_path / "run"
-    _refused(search_cli.main, ["--run-dir", str(run), "--no-progress", *args], capsys, *words)
-    assert not run.exists()
-
-
 @pytest.mark.parametrize("extra", [["--run-dir", "new"], ["--preset", "digits"]])
 def test_search_resume_with_a_new_run_flag_is_refused(tmp_path, capsys, extra):
     argv = ["--resume", str(tmp_path / "old"), *[str(tmp_path / v) if v == "new" else v for v in extra]]
     _refused(search_cli.main, argv, capsys, "--resume", extra[0])
     assert not (tmp_path / "new").exists()
-
-
-# ---------------------------------------------------------------------------------------------
-# bnn.reproduce and bnn.evidence
-
-
-@pytest.mark.parametrize("args, words", [
-    (["--device", "tpu"], ["'tpu'"]),
-    (["--seed", U64_MAX], ["--seed", "0..2**63-1"]),
-    (["--epochs", "0"], ["--epochs", "positive integer"]),
-    (["--val-size", "-5"], ["--val-size", "'-5'"]),
-])
-def test_reproduce_refuses_a_setting_before_any_cell(tmp_path, capsys, args, words):
-    root = tmp_path / "root"
-    argv = ["--cells", "cifar10/nin/baseline", "--root", str(root), "--data-dir", str(tmp_path), "--no-progress"]
-    if "--epochs" not in args:
-        argv += ["--epochs", "1"]
-    _refused(reproduce.main, [*argv, *args], capsys, *words)
-    assert not root.exists()
-
-
-@pytest.mark.parametrize("args, words", [
-    (["--val-size", "99999"], ["val_size", "99999", f"0..{DIGITS_TRAIN - 1}"]),
-    (["--seeds", f"0,{U64_MAX}"], ["--seeds", U64_MAX, "0..2**63-1"]),
-    (["--lr", "inf"], ["--lr", "'inf'"]),
-    (["--device", "tpu"], ["'tpu'"]),
-    (["--jobs", "0"], ["--jobs", "positive integer"]),
-])
-def test_evidence_refuses_a_setting_before_making_its_root(tmp_path, capsys, args, words):
-    root = tmp_path / "root"
-    _refused(evidence.main, ["--dataset", "digits", "--epochs", "1", "--root", str(root), "--no-progress", *args],
-             capsys, *words)
-    assert not root.exists()
 
 
 # ---------------------------------------------------------------------------------------------
