@@ -1,0 +1,410 @@
+"""One fitness evaluation of the search at the paper's settings, timed from a new genome to its score (issue 16).
+
+    python bench/bench_fitness.py                          # CUDA when present, else the CPU
+    python bench/bench_fitness.py --device cuda --compile --json
+    python bench/bench_fitness.py --tiny --json            # the CPU smoke mode the tests run
+
+The unit of work of ``python -m bnn.search --preset paper``: a binary ResNet-18 trained for
+FITNESS.epochs epochs at FITNESS.batch_size images a step, Adam at FITNESS.lr (bnn/settings.py),
+scored on held-out images after every epoch. The images are synthetic, random uint8 generated on
+the device (no download, no file), 50,000 by default and split like the search's CIFAR-10 (a
+tenth held out). One step is bnn.train's: augment, normalize, forward, cross-entropy, the
+finite-loss check (every 16 steps on CUDA), backward, Adam.
+
+It prints, and with --json writes as one JSON line:
+* images/s of the binary network, and beside it of the float ResNet-18 under the same settings;
+* seconds from a new genome to its first finished step (model built, compiled if asked, one
+  step), for the first genome of the process and for a second, new one: what every later
+  candidate of a search worker pays;
+* seconds per evaluation of the paper's size (45,000 images x epochs, 5,000 validated after each
+  epoch), extrapolated from the measured steps with the formula printed; --full runs one whole
+  evaluation on the generated images and times it instead;
+* evaluations per hour at K concurrent evaluations per device (--k, default 1,2,4): K processes
+  run the measured step loop at the same time; 3600 x their aggregate images/s / (epochs x 45,000).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import multiprocessing as mp
+import os
+import queue
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(_HERE, ".."), _HERE]  # the repository and bench/ (imported as a file too)
+
+from bench_train import machine  # noqa: E402
+
+from bnn.data import Dataset  # noqa: E402
+from bnn.measure_op import use_measure_op  # noqa: E402
+from bnn.models import build_model  # noqa: E402
+from bnn.settings import ADAM_BETAS, FITNESS  # noqa: E402
+from bnn.train_loop import CUDA_FINITE_CHECK_EVERY, evaluate, setup_backend  # noqa: E402
+from refimpl.cli import OneLineParser, positive_int  # noqa: E402
+
+PAPER_TRAIN, PAPER_VAL = 45_000, 5_000  # the search's CIFAR-10 split (bnn.data: 5,000 held out)
+CIFAR_MEAN, CIFAR_STD = (125.3, 123.0, 113.9), (63.0, 62.1, 66.7)  # any statistics time the same
+BARRIER_S = 1800  # longest wait of a K process for the others to be ready (compiles included)
+NEW_GENOMES = ("M2", "M6", "M3")  # paper measures (M6 trained to 70% in the README's evidence)
+TINY = {"images": 128, "batch": 8, "steps": 2, "warmup": 1, "k": [1, 2]}
+DEFAULTS = {"cuda": {"images": 50_000, "batch": FITNESS.batch_size, "steps": 50, "warmup": 10, "k": [1, 2, 4]},
+            "cpu": {"images": 50_000, "batch": FITNESS.batch_size, "steps": 3, "warmup": 1, "k": [1, 2, 4]}}
+
+
+def _k_list(text: str) -> list[int]:
+    if text == "none":
+        return []
+    try:
+        ks = [int(v) for v in text.split(",")]
+    except ValueError:
+        ks = []
+    if not ks or min(ks) < 1 or len(set(ks)) != len(ks):
+        raise argparse.ArgumentTypeError(f"expected distinct positive integers separated by commas, or none, got {text!r}")
+    return ks
+
+
+def build_parser() -> OneLineParser:
+    """The command line (see the module docstring); sizes left unset take the device's defaults."""
+    p = OneLineParser(prog="bench/bench_fitness.py", description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
+    p.add_argument("--images", type=positive_int, help="synthetic images on the device, a tenth held out (default 50000)")
+    p.add_argument("--batch", type=positive_int, help=f"images per step (default {FITNESS.batch_size}, the paper's)")
+    p.add_argument("--steps", type=positive_int, help="timed steps per measurement (default 50 on CUDA, 3 on the CPU)")
+    p.add_argument("--warmup", type=positive_int, help="untimed steps first (default 10 on CUDA, 1 on the CPU)")
+    p.add_argument("--k", type=_k_list, help="concurrent evaluations per device to measure (default 1,2,4; none: skip)")
+    p.add_argument("--no-float", action="store_true", help="skip the float ResNet-18")
+    p.add_argument("--genome", default="baseline", help="the measure trained (default baseline)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model, as bnn.train --compile does")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    p.add_argument("--measure-op", action="store_true",
+                   help="the measure as one opaque operator (bnn/measure_op.py): a new genome reuses the compiled step")
+    p.add_argument("--fused-adam", action="store_true", help="Adam's fused kernel (CUDA)")
+    p.add_argument("--full", action="store_true", help="also run and time one whole evaluation")
+    p.add_argument("--tiny", action="store_true",
+                   help="CPU smoke sizes: 128 images, batch 8, 2 steps, K = 1,2 (each can still be set)")
+    p.add_argument("--json", action="store_true", help="one JSON line with every number on stdout, nothing else")
+    return p
+
+
+def resolve(args) -> argparse.Namespace:
+    """Fill the defaults and check what argparse cannot; ValueError with the one-line reason."""
+    name = args.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device}: no CUDA device here; use --device cpu")
+        index = name.partition(":")[2]
+        if name != "cuda" and not (index.isdigit() and int(index) < torch.cuda.device_count()):
+            raise ValueError(f"--device {args.device}: this machine has cuda:0..cuda:{torch.cuda.device_count() - 1}")
+    elif name != "cpu":
+        raise ValueError(f"--device {args.device!r}: expected auto, cpu, cuda or cuda:N")
+    args.device = name
+    base = TINY if args.tiny else DEFAULTS["cuda" if name.startswith("cuda") else "cpu"]
+    for key, value in base.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    from refimpl.genome import Genome
+
+    args.genome = str(Genome.parse(args.genome))
+    # Genomes this process has not trained: one for the new-genome timing, one for --full.
+    args.new_genome, args.full_genome = [g for g in (str(Genome.parse(n)) for n in NEW_GENOMES) if g != args.genome][:2]
+    val = args.images // 10
+    if args.images - val < args.batch:
+        least = args.batch
+        while least - least // 10 < args.batch:
+            least += 1
+        raise ValueError(f"--images {args.images} leaves {args.images - val} training images, fewer than --batch "
+                         f"{args.batch}; give --images {least} or more")
+    if val < 1:
+        raise ValueError(f"--images {args.images} holds out no validation image; give --images 10 or more")
+    return args
+
+
+def synthetic_data(n: int, device: torch.device, seed: int = 0) -> Dataset:
+    """``n`` random CIFAR-shaped uint8 images and labels, generated on ``device``; a tenth is the validation split."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, device=device, generator=g)
+    y = torch.randint(0, 10, (n,), device=device, generator=g)
+    val = n // 10
+    return Dataset("cifar10", 10, [str(i) for i in range(10)], (3, 32, 32), CIFAR_MEAN, CIFAR_STD, 4, True,
+                   x[val:], y[val:], x[:val], y[:val], x[:0], y[:0], val, 0, device)
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepLoop:
+    """One model and its Adam, stepped as bnn.train's loop steps them (epoch plans, augmentation, finite check)."""
+
+    def __init__(self, data: Dataset, genome: str, binary: bool, opts: dict, seed: int = 0):
+        device = data.device
+        torch.manual_seed(seed)
+        model = build_model("resnet18", genome, 10, (3, 32, 32), binary=binary).to(device)
+        if device.type == "cuda":
+            model = model.to(memory_format=torch.channels_last)
+        if binary and opts["measure_op"]:
+            use_measure_op(model)
+        self.model, self.data, self.batch = model, data, opts["batch"]
+        self.forward = torch.compile(model, backend=opts["compile_backend"]) if opts["compile"] else model
+        fused = {"fused": True} if opts["fused_adam"] and device.type == "cuda" else {}
+        self.opt = torch.optim.Adam(model.parameters(), lr=FITNESS.lr, betas=ADAM_BETAS, **fused)
+        self.gen = torch.Generator().manual_seed(seed + 1)
+        self.per_epoch = math.ceil(len(data.train_y) / self.batch)
+        self.check_every = CUDA_FINITE_CHECK_EVERY if device.type == "cuda" else 1
+        self.pos, self.plan = 0, None
+        self.finite = torch.ones((), dtype=torch.bool, device=device)
+        self.loss_sum = torch.zeros((), device=device)
+
+    def step(self) -> None:
+        """One optimizer step on the next batch of the current epoch's plan (a new plan each epoch)."""
+        i = self.pos % self.per_epoch
+        if i == 0:
+            self.plan = self.data.epoch_plan(self.gen)
+        plan, d = self.plan, self.data
+        idx = plan["perm"][i * self.batch:(i + 1) * self.batch]
+        x = d.augment(d.train_x[idx], plan["offsets"][idx], plan["flips"][idx])
+        y = d.train_y[idx]
+        loss = F.cross_entropy(self.forward(d.normalize(x)), y)
+        self.finite = self.finite & torch.isfinite(loss)
+        if (i + 1) % self.check_every == 0 or i == self.per_epoch - 1:
+            self.finite.item()  # the loop's wait for the device; a diverged loss is timed like any other
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        self.loss_sum += loss.detach() * len(y)
+        self.pos += 1
+
+    def run(self, steps: int) -> float:
+        """Seconds for ``steps`` steps, the device drained before and after."""
+        sync(self.data.device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        sync(self.data.device)
+        return time.perf_counter() - t0
+
+
+def loop_options(args) -> dict:
+    """What every StepLoop of this run shares (picklable, for the K processes)."""
+    return {"batch": args.batch, "compile": args.compile, "compile_backend": args.compile_backend,
+            "measure_op": args.measure_op, "fused_adam": args.fused_adam}
+
+
+def first_step_s(data: Dataset, genome: str, binary: bool, opts: dict) -> float:
+    """Seconds from nothing to one finished step of a new model for ``genome`` (build, compile, step)."""
+    sync(data.device)
+    t0 = time.perf_counter()
+    StepLoop(data, genome, binary, opts).run(1)
+    return time.perf_counter() - t0
+
+
+def first_steps(args, data: Dataset) -> dict:
+    """First-step seconds of the binary network: eager (and compiled when asked), first and a new genome."""
+    out = {}
+    modes = [("eager", False)] + ([("compiled", True)] if args.compile else [])
+    for mode, compiled in modes:
+        opts = {**loop_options(args), "compile": compiled}
+        out[mode] = {"first_genome": first_step_s(data, args.genome, True, opts),
+                     "new_genome": first_step_s(data, args.new_genome, True, opts)}
+    return out
+
+
+def throughput(args, data: Dataset, binary: bool) -> tuple[float, float, StepLoop]:
+    """(images/s, seconds per step, the loop) over ``args.steps`` timed steps after the warm-up."""
+    loop = StepLoop(data, args.genome if binary else "baseline", binary, loop_options(args))
+    loop.run(args.warmup)
+    elapsed = loop.run(args.steps)
+    return args.steps * args.batch / elapsed, elapsed / args.steps, loop
+
+
+def validation_s(loop: StepLoop) -> float:
+    """Seconds of one validation pass over the held-out images (bnn.train's evaluate), after one untimed."""
+    evaluate(loop.model, loop.data, loop.data.val_x, loop.data.val_y)
+    sync(loop.data.device)
+    t0 = time.perf_counter()
+    evaluate(loop.model, loop.data, loop.data.val_x, loop.data.val_y)
+    sync(loop.data.device)
+    return time.perf_counter() - t0
+
+
+def _child(rank: int, k: int, args: dict, barrier, results) -> None:
+    # One of K processes: warm up, wait for the others, run the timed steps, report wall times.
+    try:
+        device = torch.device(args["device"])
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // k))
+        setup_backend(device)
+        data = synthetic_data(args["images"], device, seed=rank)
+        loop = StepLoop(data, args["genome"], True, args["opts"], seed=rank)
+        loop.run(args["warmup"])
+        barrier.wait(timeout=BARRIER_S)
+        t0 = time.time()  # wall clock: comparable across the K processes
+        loop.run(args["steps"])
+        results.put({"rank": rank, "t0": t0, "t1": time.time(), "images": args["steps"] * args["opts"]["batch"]})
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent as this K's failure
+        barrier.abort()
+        results.put({"rank": rank, "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+                     if str(exc).strip() else type(exc).__name__})
+
+
+def concurrent(args, k: int) -> dict:
+    """K processes on the device at once, each running the measured step loop: their aggregate images/s."""
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(k), ctx.Queue()
+    child_args = {"device": args.device, "images": args.images, "genome": args.genome, "warmup": args.warmup,
+                  "steps": args.steps, "opts": loop_options(args)}
+    procs = [ctx.Process(target=_child, args=(r, k, child_args, barrier, results), daemon=True) for r in range(k)]
+    for p in procs:
+        p.start()
+    got: list[dict] = []
+    while len(got) < k:
+        try:
+            got.append(results.get(timeout=1.0))
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                barrier.abort()  # one died without a word: the others stop waiting for it
+            if all(p.exitcode is not None for p in procs):
+                while not results.empty():
+                    got.append(results.get())
+                if len(got) < k:
+                    got.append({"error": "a process died: exit codes " + ", ".join(str(p.exitcode) for p in procs)})
+                break
+    for p in procs:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+    errors = [r["error"] for r in got if "error" in r]
+    if errors:
+        return {"k": k, "error": errors[0]}
+    span = max(r["t1"] for r in got) - min(r["t0"] for r in got)
+    rate = sum(r["images"] for r in got) / span
+    return {"k": k, "images_per_s": rate, "evaluations_per_hour": evaluations_per_hour(rate)}
+
+
+def evaluations_per_hour(images_per_s: float) -> float:
+    """Evaluations of the paper's size (FITNESS.epochs x 45,000 training images) an hour at this rate."""
+    return 3600.0 * images_per_s / (FITNESS.epochs * PAPER_TRAIN)
+
+
+def full_evaluation(args, data: Dataset) -> dict:
+    """One whole evaluation on the generated images, timed from a new genome to its last validation."""
+    sync(data.device)
+    t0 = time.perf_counter()
+    loop = StepLoop(data, args.full_genome, True, loop_options(args))
+    accs = []
+    for _ in range(FITNESS.epochs):
+        loop.run(loop.per_epoch)
+        accs.append(evaluate(loop.model, data, data.val_x, data.val_y)[0])
+    sync(data.device)
+    return {"seconds": time.perf_counter() - t0, "genome": args.full_genome, "train_images": len(data.train_y),
+            "val_images": len(data.val_y), "epochs": FITNESS.epochs, "steps": loop.pos, "last_val_acc": accs[-1]}
+
+
+def measure_all(args) -> dict:
+    """Every number of the report, in the order the text prints them."""
+    device = torch.device(args.device)
+    setup_backend(device)
+    data = synthetic_data(args.images, device)
+    res = {"host": machine(), "device": args.device,
+           "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "torch": torch.__version__, "genome": args.genome, "new_genome": args.new_genome,
+           "settings": {"model": "resnet18", "epochs": FITNESS.epochs, "batch": args.batch, "lr": FITNESS.lr,
+                        "images": args.images, "train_images": len(data.train_y), "val_images": len(data.val_y),
+                        "steps": args.steps, "warmup": args.warmup, "compile": args.compile,
+                        "compile_backend": args.compile_backend if args.compile else None,
+                        "measure_op": args.measure_op, "fused_adam": args.fused_adam}}
+    res["first_step_s"] = first_steps(args, data)
+    binary_rate, step_s, loop = throughput(args, data, True)
+    val_s = validation_s(loop)
+    del loop
+    float_rate = None if args.no_float else throughput(args, data, False)[0]
+    res.update(binary_images_per_s=binary_rate, float_images_per_s=float_rate,
+               binary_vs_float=binary_rate / float_rate if float_rate else None, step_s=step_s, validation_s=val_s)
+    res.update(extrapolate(args, res, step_s, val_s))
+    _free(device)
+    res["concurrent"] = [concurrent(args, k) for k in args.k]
+    overhead = res["evaluation_s"] - FITNESS.epochs * math.ceil(PAPER_TRAIN / args.batch) * step_s
+    for row in res["concurrent"]:
+        if "images_per_s" in row:
+            train_s = FITNESS.epochs * PAPER_TRAIN * row["k"] / row["images_per_s"]
+            row["evaluations_per_hour_incl_overhead"] = 3600.0 * row["k"] / (train_s + overhead)
+    ok = [r for r in res["concurrent"] if "images_per_s" in r]
+    res["best_k"] = max(ok, key=lambda r: r["images_per_s"])["k"] if ok else None
+    if args.full:
+        res["full_evaluation"] = full_evaluation(args, data)
+    return res
+
+
+def extrapolate(args, res: dict, step_s: float, val_s: float) -> dict:
+    """Seconds per evaluation of the paper's size from the measured step and validation, and the formula used."""
+    mode = "compiled" if args.compile else "eager"
+    setup = max(0.0, res["first_step_s"][mode]["new_genome"] - step_s)
+    steps = math.ceil(PAPER_TRAIN / args.batch)
+    val_paper = val_s * PAPER_VAL / res["settings"]["val_images"]
+    total = setup + FITNESS.epochs * (steps * step_s + val_paper)
+    text = (f"{setup:.2f} s new-genome set-up ({mode} first step less one step) + {FITNESS.epochs} epochs x "
+            f"({steps} steps x {1e3 * step_s:.1f} ms + {val_paper:.2f} s validating {PAPER_VAL} images)")
+    return {"evaluation_s": total, "evaluation_extrapolated": True, "extrapolation": text}
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the K processes get the memory this one no longer uses
+
+
+def report(res: dict) -> str:
+    """The human-readable report of ``measure_all``'s numbers."""
+    s = res["settings"]
+    lines = [res["host"], f"device: {res['device']} ({res['device_name']}), torch {res['torch']}",
+             f"resnet18, {s['epochs']} epochs, batch {s['batch']}, lr {s['lr']:g}, {s['images']} synthetic images "
+             f"({s['train_images']} train / {s['val_images']} val), {s['steps']} timed steps after {s['warmup']}; "
+             f"compile={s['compile']} measure_op={s['measure_op']} fused_adam={s['fused_adam']}",
+             f"binary {res['genome']}: {res['binary_images_per_s']:.0f} images/s" + (
+                 "" if res["float_images_per_s"] is None else f"   float: {res['float_images_per_s']:.0f} images/s   "
+                 f"binary/float {res['binary_vs_float']:.2f}x")]
+    for mode, t in res["first_step_s"].items():
+        lines.append(f"new genome to first step, {mode}: {t['first_genome']:.2f} s (first in the process), "
+                     f"{t['new_genome']:.2f} s (a new one: {res['new_genome']})")
+    lines.append(f"one evaluation (extrapolated): {res['evaluation_s']:.1f} s = {res['extrapolation']}")
+    for row in res["concurrent"]:
+        if "error" in row:
+            lines.append(f"K={row['k']}: failed: {row['error']}")
+        else:
+            lines.append(f"K={row['k']}: {row['images_per_s']:.0f} images/s aggregate, "
+                         f"{row['evaluations_per_hour']:.1f} evaluations/hour "
+                         f"({row['evaluations_per_hour_incl_overhead']:.1f} with validation and set-up)")
+    if "full_evaluation" in res:
+        f = res["full_evaluation"]
+        lines.append(f"one whole evaluation ({f['genome']}, {f['train_images']} train / {f['val_images']} val, "
+                     f"{f['steps']} steps): {f['seconds']:.1f} s")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """Run the benchmark; 0, or 2 with one ``error:`` line for a refused command line."""
+    args, code = build_parser().parse(argv)
+    if args is None:
+        return code
+    try:
+        args = resolve(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    res = measure_all(args)
+    print(json.dumps(res, separators=(",", ":")) if args.json else report(res), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""bench/bench_fitness.py (issue 16 item 5): its CPU smoke mode reports every number, consistently, and bad
+flags are one line with exit status 2."""
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _cli import run_main
+
+from refimpl.genome import Genome
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "bench_fitness.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_fitness_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    r = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--json", "--device", "cpu"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1, r.stdout  # --json: the one line and nothing else on stdout
+    return json.loads(lines[0])
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+
+
+def test_tiny_reports_throughput_of_both_networks_and_their_ratio(tiny):
+    s = tiny["settings"]
+    assert (s["model"], s["epochs"], s["lr"], s["images"], s["batch"]) == ("resnet18", 15, 5e-3, 128, 8)
+    assert s["train_images"] + s["val_images"] == 128 and s["val_images"] == 12
+    assert _positive(tiny["binary_images_per_s"]) and _positive(tiny["float_images_per_s"])
+    assert tiny["binary_vs_float"] == pytest.approx(tiny["binary_images_per_s"] / tiny["float_images_per_s"])
+    assert tiny["binary_images_per_s"] == pytest.approx(s["batch"] / tiny["step_s"])
+    assert tiny["device"] == "cpu" and "CPU" in tiny["host"]
+
+
+def test_tiny_reports_first_step_times_of_a_first_and_a_new_genome(tiny):
+    assert tiny["genome"] == str(Genome.parse("baseline")) and tiny["new_genome"] != tiny["genome"]
+    assert set(tiny["first_step_s"]) == {"eager"}  # no --compile
+    assert all(_positive(v) for v in tiny["first_step_s"]["eager"].values())
+    assert set(tiny["first_step_s"]["eager"]) == {"first_genome", "new_genome"}
+
+
+def test_tiny_extrapolates_one_evaluation_and_says_how(tiny):
+    assert tiny["evaluation_extrapolated"] is True
+    steps = math.ceil(45_000 / 8)  # the paper's training split at the tiny batch
+    training = 15 * steps * tiny["step_s"]
+    assert tiny["evaluation_s"] > training  # plus validation and the new genome's set-up
+    assert f"15 epochs x ({steps} steps" in tiny["extrapolation"]
+
+
+def test_tiny_reports_evaluations_per_hour_from_the_aggregate_rate_of_k_processes(tiny):
+    rows = tiny["concurrent"]
+    assert [r["k"] for r in rows] == [1, 2]
+    for r in rows:
+        assert "error" not in r, r
+        assert _positive(r["images_per_s"])
+        # Written here, not read from the bench: an evaluation is 15 epochs of 45,000 images.
+        assert r["evaluations_per_hour"] == pytest.approx(3600 * r["images_per_s"] / (15 * 45_000), rel=1e-9)
+        assert 0 < r["evaluations_per_hour_incl_overhead"] < r["evaluations_per_hour"]
+    assert tiny["best_k"] == max(rows, key=lambda r: r["images_per_s"])["k"]
+
+
+@pytest.mark.parametrize("args,line", [
+    (["--k", "0"], "error: argument --k: expected distinct positive integers separated by commas, or none, got '0'"),
+    (["--k", "1,x"], "error: argument --k: expected distinct positive integers separated by commas, or none, got '1,x'"),
+    (["--steps", "0"], "error: argument --steps: expected a positive integer, got '0'"),
+    (["--images", "20"], "error: --images 20 leaves 18 training images, fewer than --batch 128; "
+                         "give --images 142 or more"),
+    (["--device", "tpu"], "error: --device 'tpu': expected auto, cpu, cuda or cuda:N"),
+    (["--genome", "M99"], "error: "),
+])
+def test_a_bad_flag_is_one_line_and_exit_2(args, line):
+    r = run_main(_bench().main, "--device", "cpu", *args)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(line), r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_a_cuda_device_is_refused():
+    r = run_main(_bench().main, "--device", "cuda")
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: --device cuda: no CUDA device here; use --device cpu"
