@@ -36,7 +36,8 @@ PRESETS = {
                   threshold_steps=list(FITNESS.threshold_steps), max_evaluations=None, max_trainings=None, max_minutes=None, patience=200),
 }
 # Flags that only steer the run (allowed to change on --resume); the rest define the search.
-RUN_CONTROL = ("max_evaluations", "max_trainings", "patience", "max_minutes", "workers", "backend", "ray_address",
+RUN_CONTROL = ("max_evaluations", "max_trainings", "patience", "max_minutes", "workers", "workers_per_device", "backend",
+               "ray_address",
                "data_dir", "device")
 
 
@@ -134,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--fitness", help=argparse.SUPPRESS)  # testing: synthetic:SEED[,delay=S][,die_once=PATH]
     r = p.add_argument_group("running")
     r.add_argument("--workers", type=_positive, help="parallel workers (one per GPU; default: GPUs for --preset paper, else 1)")
+    r.add_argument("--workers-per-device", type=_positive, metavar="K",
+                   help="K workers on each CUDA device the fitness trains on (all visible ones for --device auto or "
+                        "cuda, the one named by cuda:N), each pinned to its device: K x devices in all, trainings "
+                        "sharing a GPU at once (ray: K actors per GPU, num_gpus=1/K each). Where the fitness trains "
+                        "on the CPU (--device cpu, no CUDA, digits), the CPU is the one device: K CPU workers sharing "
+                        "its cores. Implies --backend local unless ray; not with --workers")
     r.add_argument("--backend", choices=("serial", "local", "ray"),
                    help="serial (in process; the default with one worker), local (worker processes; the default "
                         "with --workers above 1), ray (actors; needs the [ray] extra)")
@@ -147,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config_from_args(args) -> tuple[SearchConfig, Path, bool]:
+    if args.workers_per_device and args.backend == "serial":
+        raise CliError("--workers-per-device starts worker processes; --backend serial trains in this process "
+                       "(use --backend local or ray, or drop --backend)")
     explicit = {f.name: getattr(args, f.name) for f in fields(SearchConfig)
                 if getattr(args, f.name, None) is not None}
     if args.paper_faithful:
@@ -164,6 +174,8 @@ def _config_from_args(args) -> tuple[SearchConfig, Path, bool]:
                 raise CliError(f"--resume: {k} is {stored[k]!r} in the journal; it cannot change to {v!r} "
                                "(only run-control flags may: " + ", ".join(RUN_CONTROL) + ")")
         base = {**stored, **{k: v for k, v in explicit.items() if k in RUN_CONTROL}}
+        if "workers" in explicit:
+            base["workers_per_device"] = None  # --workers now replaces a journaled --workers-per-device
         try:  # a key this version has no setting for is refused, not dropped
             return SearchConfig.from_mapping(base), run_dir, True
         except ValueError as exc:
@@ -203,8 +215,8 @@ def _validate(cfg: SearchConfig, download: bool = False) -> None:
     if cfg.population < 2:
         raise CliError(f"--population must be at least 2, got {cfg.population}")
     spec = parse_fitness_spec(cfg.fitness)
-    if cfg.backend == "serial" and cfg.workers > 1:
-        cfg.backend = "local"  # --workers N alone means local worker processes
+    if cfg.backend == "serial" and (cfg.workers > 1 or cfg.workers_per_device):
+        cfg.backend = "local"  # --workers N or --workers-per-device K alone means local worker processes
     if cfg.backend == "ray":
         try:
             import ray  # noqa: F401
@@ -269,6 +281,8 @@ def main(argv=None) -> int:
         try:
             parser = build_parser()
             args = parser.parse_args(argv)
+            refuse_with(parser.given(argv), "workers_per_device", ("workers",),
+                        "--workers-per-device sets the number of workers (K x devices)")
             refuse_with(parser.given(argv), "resume", NEW_RUN_ONLY,
                         "--resume continues the search in its own folder with the journal's settings")
             lock = _lock_resumed(args)

@@ -10,14 +10,16 @@ dict (``Worker.run`` turns exceptions into ``status: "error"``), so one bad cand
 the search.
 
 * ``SerialEvaluator``: in this process, one job at a time (the default; exactly Algorithm 1).
-* ``LocalPoolEvaluator``: N spawned processes, one per GPU through ``CUDA_VISIBLE_DEVICES``, each
-  loading the data set once. A worker process that dies is restarted and its job retried; a
-  worker dies with the search (``die_with_parent``), so a SIGKILLed search leaves none behind.
+* ``LocalPoolEvaluator``: N spawned processes, pinned to the GPUs in turn through
+  ``CUDA_VISIBLE_DEVICES`` (``--workers-per-device K``: K on each), each loading the data set
+  once. A worker process that dies is restarted and its job retried; a worker dies with the
+  search (``die_with_parent``), so a SIGKILLed search leaves none behind.
   Ctrl-C is the search's alone: a terminal sends SIGINT to the whole process group, and a worker
   starts with SIGINT blocked (``_sigint_blocked``) and ignores it once running, so none dies in
   the middle of its imports and is restarted while the search stops.
-* ``RayEvaluator``: one long-lived actor per GPU (or per CPU worker when the cluster has none);
-  Ray restarts a dead actor and retries the task on it.
+* ``RayEvaluator``: one long-lived actor per GPU (K per GPU, each asking for 1/K of it, with
+  ``--workers-per-device K``), or per CPU worker when the cluster has none; Ray restarts a dead
+  actor and retries the task on it.
 """
 from __future__ import annotations
 
@@ -142,13 +144,28 @@ def _pool_main(fitness_spec, train, jobs, results, parent_pid=None, alive=None):
         results.put((job["seq"], worker.run(job)))
 
 
+def pool_devices(gpus: list[str], workers: int) -> list[str | None]:
+    """The GPU of each of ``workers`` local workers, the GPUs in turn (worker i on ``gpus[i % len(gpus)]``),
+    or None for each (the CPU) when there is no GPU."""
+    return [gpus[i % len(gpus)] if gpus else None for i in range(workers)]
+
+
+def assign_devices(gpus: list[str], per_device: int) -> list[str | None]:
+    """``--workers-per-device K``: K workers on each of ``gpus``, pinned to it (K x len(gpus) in all);
+    without a GPU the CPU is the one device: K CPU workers sharing its cores."""
+    if per_device < 1:
+        raise ValueError(f"workers per device must be a positive integer, got {per_device!r}")
+    return pool_devices(gpus, per_device * max(1, len(gpus)))
+
+
 class LocalPoolEvaluator:
-    """Worker processes on this machine (spawned, one GPU each when there are GPUs); restarts a dead one."""
+    """Worker processes on this machine (spawned; pinned to GPUs in turn when there are GPUs); restarts a dead one."""
     trains_in_process = False
 
     def __init__(self, fitness_spec: str, train: dict, workers: int, gpus: list[str]):
         self.ctx = mp.get_context("spawn")  # fork after torch/numba threads start is unsafe
         self.spec, self.train, self.gpus = fitness_spec, dict(train), gpus
+        self.devices = pool_devices(gpus, workers)
         self.slots = workers
         self.results = self.ctx.Queue()
         self.procs: list = [None] * workers
@@ -163,8 +180,8 @@ class LocalPoolEvaluator:
 
     def _start(self, i: int) -> None:
         env = {}
-        if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = self.gpus[i % len(self.gpus)]
+        if self.devices[i] is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.devices[i]
         else:
             # CPU workers share the cores: without this each would start one thread per core.
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.slots))
@@ -334,7 +351,8 @@ class RayEvaluator:
     """Ray actors, one per GPU of the cluster (or per CPU slot), that run the jobs (the ray backend)."""
     trains_in_process = False
 
-    def __init__(self, fitness_spec: str, train: dict, workers: int | None, address: str | None):
+    def __init__(self, fitness_spec: str, train: dict, workers: int | None, address: str | None,
+                 per_device: int | None = None):
         import ray
 
         self.ray = ray
@@ -342,12 +360,13 @@ class RayEvaluator:
             if address:  # the user's cluster, secured by Ray's own token authentication
                 ray.init(address=address, log_to_driver=False)
             else:
-                start_local_ray(num_cpus=max(1, workers or 1))
+                start_local_ray(num_cpus=max(1, per_device or workers or 1))
         gpus = int(ray.cluster_resources().get("GPU", 0))
-        n = workers or gpus or 1
+        # --workers-per-device K: K actors per GPU of the cluster, each asking for 1/K of one (K CPU actors without GPUs).
+        n = per_device * max(1, gpus) if per_device else (workers or gpus or 1)
         opts = {"max_restarts": 3, "max_task_retries": 3}
         if gpus:
-            opts["num_gpus"] = 1
+            opts["num_gpus"] = 1 / per_device if per_device else 1
             train = {**train, "device": "cuda"}
         else:
             opts["num_cpus"] = 1

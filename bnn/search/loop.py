@@ -80,6 +80,7 @@ class SearchConfig:
     patience: int | None = None
     max_minutes: float | None = None  # wall-clock budget of this process (not replayable: see _should_stop)
     workers: int = 1
+    workers_per_device: int | None = None  # K workers per device the fitness trains on; overrides workers
     backend: str = "serial"  # serial | local | ray
     ray_address: str | None = None
     data_dir: str | None = None
@@ -195,10 +196,15 @@ class Search:
         if cfg.backend == "ray":
             from .evaluators import RayEvaluator
 
-            return RayEvaluator(cfg.fitness, train, cfg.workers if cfg.workers > 1 else None, cfg.ray_address)
+            return RayEvaluator(cfg.fitness, train, cfg.workers if cfg.workers > 1 else None, cfg.ray_address,
+                                per_device=cfg.workers_per_device)
         # One local worker per GPU when training on GPUs (digits trains on the CPU: too small).
         gpus = (visible_gpus() if spec["kind"] == "train" and cfg.device in ("auto", "cuda")
                 and not (cfg.device == "auto" and cfg.dataset == "digits") else [])
+        if cfg.workers_per_device:
+            from .evaluators import LocalPoolEvaluator, assign_devices
+
+            return LocalPoolEvaluator(cfg.fitness, train, len(assign_devices(gpus, cfg.workers_per_device)), gpus)
         if cfg.backend == "local" or cfg.workers > 1:
             from .evaluators import LocalPoolEvaluator
 
