@@ -87,6 +87,8 @@ def build_parser() -> OneLineParser:
                    help="the measure as one opaque operator (bnn/measure_op.py): a new genome reuses the compiled step")
     p.add_argument("--fused-adam", action="store_true", help="Adam's fused kernel (CUDA)")
     p.add_argument("--full", action="store_true", help="also run and time one whole evaluation")
+    p.add_argument("--full-only", action="store_true",
+                   help="only the whole evaluation, timed from a new genome in this fresh process (compile included)")
     p.add_argument("--tiny", action="store_true",
                    help="CPU smoke sizes: 128 images, batch 8, 2 steps, K = 1,2 (each can still be set)")
     p.add_argument("--json", action="store_true", help="one JSON line with every number on stdout, nothing else")
@@ -147,7 +149,7 @@ def sync(device: torch.device) -> None:
 class StepLoop:
     """One model and its Adam, stepped as bnn.train's loop steps them (epoch plans, augmentation, finite check)."""
 
-    def __init__(self, data: Dataset, genome: str, binary: bool, opts: dict, seed: int = 0):
+    def __init__(self, data: Dataset, genome: str, binary: bool, opts: dict, seed: int = 0, ragged: bool = False):
         device = data.device
         torch.manual_seed(seed)
         model = build_model("resnet18", genome, 10, (3, 32, 32), binary=binary).to(device)
@@ -160,7 +162,9 @@ class StepLoop:
         fused = {"fused": True} if opts["fused_adam"] and device.type == "cuda" else {}
         self.opt = torch.optim.Adam(model.parameters(), lr=FITNESS.lr, betas=ADAM_BETAS, **fused)
         self.gen = torch.Generator().manual_seed(seed + 1)
-        self.per_epoch = math.ceil(len(data.train_y) / self.batch)
+        # ragged: bnn.train's epoch, its last batch smaller (under torch.compile a new shape, so one
+        # more compile); else full batches only, so the timed steps are the steady state.
+        self.per_epoch = (math.ceil if ragged else math.floor)(len(data.train_y) / self.batch)
         self.check_every = CUDA_FINITE_CHECK_EVERY if device.type == "cuda" else 1
         self.pos, self.plan = 0, None
         self.finite = torch.ones((), dtype=torch.bool, device=device)
@@ -296,18 +300,22 @@ def evaluations_per_hour(images_per_s: float) -> float:
     return 3600.0 * images_per_s / (FITNESS.epochs * PAPER_TRAIN)
 
 
-def full_evaluation(args, data: Dataset) -> dict:
-    """One whole evaluation on the generated images, timed from a new genome to its last validation."""
+def full_evaluation(args, data: Dataset, res: dict) -> dict:
+    """One whole evaluation on the generated images, timed from a new genome to its last validation;
+    ``res["full_evaluation"]`` holds the epochs done so far (and ``progress`` prints it) after each."""
     sync(data.device)
     t0 = time.perf_counter()
-    loop = StepLoop(data, args.full_genome, True, loop_options(args))
-    accs = []
-    for _ in range(FITNESS.epochs):
+    loop = StepLoop(data, args.full_genome, True, loop_options(args), ragged=True)
+    for epoch in range(1, FITNESS.epochs + 1):
         loop.run(loop.per_epoch)
-        accs.append(evaluate(loop.model, data, data.val_x, data.val_y)[0])
-    sync(data.device)
-    return {"seconds": time.perf_counter() - t0, "genome": args.full_genome, "train_images": len(data.train_y),
-            "val_images": len(data.val_y), "epochs": FITNESS.epochs, "steps": loop.pos, "last_val_acc": accs[-1]}
+        acc = evaluate(loop.model, data, data.val_x, data.val_y)[0]
+        sync(data.device)
+        res["full_evaluation"] = {"seconds": time.perf_counter() - t0, "epochs_done": epoch,
+                                  "genome": args.full_genome, "train_images": len(data.train_y),
+                                  "val_images": len(data.val_y), "epochs": FITNESS.epochs, "steps": loop.pos,
+                                  "last_val_acc": acc}
+        progress(res)
+    return res["full_evaluation"]
 
 
 def measure_all(args) -> dict:
@@ -323,7 +331,11 @@ def measure_all(args) -> dict:
                         "steps": args.steps, "warmup": args.warmup, "compile": args.compile,
                         "compile_backend": args.compile_backend if args.compile else None,
                         "measure_op": args.measure_op, "fused_adam": args.fused_adam}}
+    if args.full_only:
+        full_evaluation(args, data, res)
+        return res
     res["first_step_s"] = first_steps(args, data)
+    progress(res)
     binary_rate, step_s, loop = throughput(args, data, True)
     val_s = validation_s(loop)
     del loop
@@ -332,17 +344,27 @@ def measure_all(args) -> dict:
                binary_vs_float=binary_rate / float_rate if float_rate else None, step_s=step_s, validation_s=val_s)
     res.update(extrapolate(args, res, step_s, val_s))
     _free(device)
-    res["concurrent"] = [concurrent(args, k) for k in args.k]
+    res["concurrent"], res["best_k"] = [], None
+    progress(res)
+    # What an evaluation costs beyond its training steps (validation, a new genome's set-up), measured alone.
     overhead = res["evaluation_s"] - FITNESS.epochs * math.ceil(PAPER_TRAIN / args.batch) * step_s
-    for row in res["concurrent"]:
+    for k in args.k:
+        row = concurrent(args, k)
         if "images_per_s" in row:
-            train_s = FITNESS.epochs * PAPER_TRAIN * row["k"] / row["images_per_s"]
-            row["evaluations_per_hour_incl_overhead"] = 3600.0 * row["k"] / (train_s + overhead)
-    ok = [r for r in res["concurrent"] if "images_per_s" in r]
-    res["best_k"] = max(ok, key=lambda r: r["images_per_s"])["k"] if ok else None
+            train_s = FITNESS.epochs * PAPER_TRAIN * k / row["images_per_s"]
+            row["evaluations_per_hour_incl_overhead"] = 3600.0 * k / (train_s + overhead)
+        res["concurrent"].append(row)
+        ok = [r for r in res["concurrent"] if "images_per_s" in r]
+        res["best_k"] = max(ok, key=lambda r: r["images_per_s"])["k"] if ok else None
+        progress(res)
     if args.full:
-        res["full_evaluation"] = full_evaluation(args, data)
+        full_evaluation(args, data, res)
     return res
+
+
+def progress(res: dict) -> None:
+    """The numbers so far as one stderr line, so a run stopped by a timeout still leaves them."""
+    print("progress " + json.dumps(res, separators=(",", ":")), file=sys.stderr, flush=True)
 
 
 def extrapolate(args, res: dict, step_s: float, val_s: float) -> dict:
@@ -369,10 +391,21 @@ def report(res: dict) -> str:
     lines = [res["host"], f"device: {res['device']} ({res['device_name']}), torch {res['torch']}",
              f"resnet18, {s['epochs']} epochs, batch {s['batch']}, lr {s['lr']:g}, {s['images']} synthetic images "
              f"({s['train_images']} train / {s['val_images']} val), {s['steps']} timed steps after {s['warmup']}; "
-             f"compile={s['compile']} measure_op={s['measure_op']} fused_adam={s['fused_adam']}",
-             f"binary {res['genome']}: {res['binary_images_per_s']:.0f} images/s" + (
-                 "" if res["float_images_per_s"] is None else f"   float: {res['float_images_per_s']:.0f} images/s   "
-                 f"binary/float {res['binary_vs_float']:.2f}x")]
+             f"compile={s['compile']} measure_op={s['measure_op']} fused_adam={s['fused_adam']}"]
+    if "binary_images_per_s" in res:  # not with --full-only
+        lines.append(f"binary {res['genome']}: {res['binary_images_per_s']:.0f} images/s" + (
+            "" if res["float_images_per_s"] is None else f"   float: {res['float_images_per_s']:.0f} images/s   "
+            f"binary/float {res['binary_vs_float']:.2f}x"))
+        lines += _report_rest(res)
+    if "full_evaluation" in res:
+        f = res["full_evaluation"]
+        lines.append(f"one whole evaluation ({f['genome']}, {f['train_images']} train / {f['val_images']} val, "
+                     f"{f['steps']} steps): {f['seconds']:.1f} s")
+    return "\n".join(lines)
+
+
+def _report_rest(res: dict) -> list[str]:
+    lines = []
     for mode, t in res["first_step_s"].items():
         lines.append(f"new genome to first step, {mode}: {t['first_genome']:.2f} s (first in the process), "
                      f"{t['new_genome']:.2f} s (a new one: {res['new_genome']})")
@@ -384,11 +417,7 @@ def report(res: dict) -> str:
             lines.append(f"K={row['k']}: {row['images_per_s']:.0f} images/s aggregate, "
                          f"{row['evaluations_per_hour']:.1f} evaluations/hour "
                          f"({row['evaluations_per_hour_incl_overhead']:.1f} with validation and set-up)")
-    if "full_evaluation" in res:
-        f = res["full_evaluation"]
-        lines.append(f"one whole evaluation ({f['genome']}, {f['train_images']} train / {f['val_images']} val, "
-                     f"{f['steps']} steps): {f['seconds']:.1f} s")
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv=None) -> int:

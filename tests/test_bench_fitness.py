@@ -31,7 +31,11 @@ def tiny():
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 1, r.stdout  # --json: the one line and nothing else on stdout
-    return json.loads(lines[0])
+    res = json.loads(lines[0])
+    # A run stopped by a timeout leaves its numbers so far on stderr; the last one holds them all.
+    progress = [ln for ln in r.stderr.splitlines() if ln.startswith("progress {")]
+    assert json.loads(progress[-1][len("progress "):]) == res
+    return res
 
 
 def _positive(v) -> bool:
@@ -96,3 +100,11 @@ def test_cuda_without_a_cuda_device_is_refused():
     r = run_main(_bench().main, "--device", "cuda")
     assert r.returncode == 2
     assert r.stderr.strip() == "error: --device cuda: no CUDA device here; use --device cpu"
+
+
+def test_the_gpu_session_script_refuses_an_unknown_option(tmp_path):
+    r = subprocess.run(["bash", str(ROOT / "bench" / "gpu_session.sh"), "--bogus"], capture_output=True, text=True,
+                       timeout=60, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")})
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: unknown option '--bogus'; give --cpu-smoke or nothing"
+    assert not (tmp_path / "out").exists()  # refused before anything is written
