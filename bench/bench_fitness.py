@@ -169,6 +169,7 @@ class StepLoop:
         self.pos, self.plan = 0, None
         self.finite = torch.ones((), dtype=torch.bool, device=device)
         self.loss_sum = torch.zeros((), device=device)
+        self.correct = torch.zeros((), dtype=torch.int64, device=device)
 
     def step(self) -> None:
         """One optimizer step on the next batch of the current epoch's plan (a new plan each epoch)."""
@@ -179,7 +180,8 @@ class StepLoop:
         idx = plan["perm"][i * self.batch:(i + 1) * self.batch]
         x = d.augment(d.train_x[idx], plan["offsets"][idx], plan["flips"][idx])
         y = d.train_y[idx]
-        loss = F.cross_entropy(self.forward(d.normalize(x)), y)
+        logits = self.forward(d.normalize(x))
+        loss = F.cross_entropy(logits, y)
         self.finite = self.finite & torch.isfinite(loss)
         if (i + 1) % self.check_every == 0 or i == self.per_epoch - 1:
             self.finite.item()  # the loop's wait for the device; a diverged loss is timed like any other
@@ -187,6 +189,7 @@ class StepLoop:
         loss.backward()
         self.opt.step()
         self.loss_sum += loss.detach() * len(y)
+        self.correct += (logits.detach().argmax(1) == y).sum()
         self.pos += 1
 
     def run(self, steps: int) -> float:
