@@ -15,15 +15,16 @@ from pathlib import Path
 
 from bnn.search import fitness as F
 from bnn.search.loop import Search, SearchConfig
+from bnn.settings import FITNESS, PAPER_POPULATION
 
 
 def main():
     """Run the synthetic-fitness search with savings on and paper-faithful, and print the engine's time per evaluation."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--evaluations", type=int, default=300)
-    p.add_argument("--population", type=int, default=30)
+    p.add_argument("--population", type=int, default=PAPER_POPULATION)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--epochs", type=int, default=FITNESS.epochs)
     a = p.parse_args()
     F.analyse("0-0-0-0-0-0-1")  # JIT / cache load outside the timing
     cpu = platform.processor() or platform.machine()
@@ -35,7 +36,7 @@ def main():
     for label, extra in (("savings on", {}), ("paper-faithful", dict(cache=False, equivalence=False, screening=False))):
         with tempfile.TemporaryDirectory() as d:
             cfg = SearchConfig(fitness=f"synthetic:{a.seed}", epochs=a.epochs, population=a.population, seed=a.seed,
-                               thresholds=[0.11, 0.25, 0.35, 0.40], threshold_steps=[0, 100, 200, 300],
+                               thresholds=list(FITNESS.thresholds), threshold_steps=list(FITNESS.threshold_steps),
                                max_evaluations=a.evaluations, **extra)
             s = Search(cfg, Path(d) / "run", progress=False)
             s.start_new()

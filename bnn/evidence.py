@@ -33,6 +33,7 @@ from refimpl.genome import Genome
 from . import _evidence_report as report
 from .paper_results import MEASURES
 from .runlock import RunDirInUse, hold_run_dir
+from .settings import FITNESS
 
 # =============================================================================================
 # The protocol: the only place its defaults are set. Every option below can override them.
@@ -42,12 +43,12 @@ PROTOCOLS = {
     "fashion-mnist": dict(
         epochs=3,  # passes over the training subset; the last at lr * 0.2
         train_size=8000,  # training images (a seeded subset of the 55,000 left after validation)
-        batch_size=128,  # images per step
-        lr=5e-3,  # Adam learning rate
+        batch_size=FITNESS.batch_size,  # images per step: the paper's
+        lr=FITNESS.lr,  # Adam learning rate: the paper's
         milestones=(2,),  # epochs after which lr *= gamma (0.2): the step settles the signs
     ),
     # The embedded 8x8 set: the smoke test's data (1,293 training images).
-    "digits": dict(epochs=30, train_size=None, batch_size=128, lr=5e-3, milestones=(22,)),
+    "digits": dict(epochs=30, train_size=None, batch_size=FITNESS.batch_size, lr=FITNESS.lr, milestones=(22,)),
 }
 PROTOCOLS["mnist"] = dict(PROTOCOLS["fashion-mnist"])
 SEEDS = (0, 1, 2)

@@ -53,16 +53,17 @@ class Genome:
 
     def __post_init__(self) -> None:
         codes = tuple(self.codes)
-        if len(codes) != 7:
-            raise ValueError(f"a genome has 7 codes (U1 U2 U3 U4 B1 B2 B3), got {len(codes)}")
+        if len(codes) != len(SLOT_NAMES):
+            raise ValueError(f"a genome has {len(SLOT_NAMES)} codes ({' '.join(SLOT_NAMES)}), got {len(codes)}")
         checked = []
         for i, code in enumerate(codes):
             try:
                 code = operator.index(code)  # ints and NumPy integers, not floats
             except TypeError:
                 raise ValueError(f"genome code {SLOT_NAMES[i]} must be an integer, got {code!r}") from None
-            limit = N_UNARY if i < 4 else N_BINARY
-            kind = "unary" if i < 4 else "binary"
+            unary = i < len(UNARY_SLOT_INPUTS)
+            limit = N_UNARY if unary else N_BINARY
+            kind = "unary" if unary else "binary"
             if not 0 <= code < limit:
                 raise ValueError(
                     f"genome code {SLOT_NAMES[i]} (position {i + 1}) is {code}; "
