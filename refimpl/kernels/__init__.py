@@ -14,7 +14,7 @@ Layers, from the bits up (each module imports only those above it):
   recycled output blocks) and ``counts`` (``counts_conv2d``, ``counts_dense``).
 
 Kernels for one instruction set (refimpl/isa.py's paths) live here too: ``byte_dot`` is the
-tile of the paths without a vector popcount (byte-lane dot products in generic LLVM vector IR);
-the generated engine tile takes it when its compile-time constant ``BYTE_LOOKUP`` says so, and
-``blocked`` stores the weights in the layout it reads.
+popcount tile of the ``avx2`` and ``portable`` paths (4 pixels a 256-bit vector, byte-lane
+counts, in generic LLVM vector IR); the generated tiles (engine and counts API) take it when
+their compile-time constant ``BYTE_LOOKUP`` says so, reading the same weight panels.
 """
