@@ -249,7 +249,9 @@ def _fused_function(mode: str) -> list[str]:
     extra, form = _MODES[mode]
     gemm_args = "xflat, wflat, k_words, taps_off, bases" + (", wflat2, taps_off2, bases2" if mode == "down" else "")
     scratch = "xscratch, bscratch, ascratch" + (", ascratch2" if mode == "down" else "") + ", pxscratch"
-    tile_call = "{tile}(xflat, {w}, k_words, {taps}, {bases}, n_out, n_pixels, first, 0, n_panels, xscratch[tid], bscratch[tid], {a}, first, {px})"
+    # np.int64(0), not 0: Numba types a literal argument as Literal[int](0) and compiled the tile
+    # once more for it (7 s a process) beside the driver's call (tiles_template.py does the same).
+    tile_call = "{tile}(xflat, {w}, k_words, {taps}, {bases}, n_out, n_pixels, first, np.int64(0), n_panels, xscratch[tid], bscratch[tid], {a}, first, {px})"
     body = [
         "",
         "",

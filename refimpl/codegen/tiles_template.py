@@ -106,8 +106,9 @@ def _nhwc_kernel(P: int, Q: int) -> list[str]:
         f"{i2}tile = item // n_groups",
         f"{i2}group = item - tile * n_groups",
         f"{i2}tid = numba.get_thread_id()",
+        # np.int64(0): a literal 0 compiles the tile again, for Literal[int](0) (epilogue_template.py).
         f"{i2}{tile}(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, tile * {P}, group * group_panels,",
-        f"{i2}     min(n_panels, (group + 1) * group_panels), xscratch[tid], bscratch[tid], a, 0, pxt[tid])",
+        f"{i2}     min(n_panels, (group + 1) * group_panels), xscratch[tid], bscratch[tid], a, np.int64(0), pxt[tid])",
         f"{i2}if group == 0:",
         f"{i3}for q in range(min({P}, n_pixels - tile * {P})):",
         f"{i3}    px[tile * {P} + q] = pxt[tid, q]",
@@ -301,35 +302,25 @@ def _nchw_sources(P: int, Q: int) -> list[str]:
 
 def stem_tile_source(pixels: int, channels: int) -> list[str]:
     """The engine stem's float32 micro-kernel: for the P pixels p0, p0 + ps, ..., p0 + (P-1)*ps,
-    y[pixel, o0:o0+Q] = sum over k of col[k, pixel] * wk[k, o0:o0+Q].
+    y[pixel, o0:o0+Q] = sum over k of col[k, pixel] * wk[k, o0:o0+Q], one fma per k in order.
 
-    Same shape of code as the popcount tile (refimpl/kernels/blocked.py): named accumulators
-    that SLP packs into one vector per pixel (the Q weights of a row of ``wk`` are contiguous)
-    and a broadcast fma per pixel and input. The tile's pixels are ``ps`` apart so that their inputs are not
-    adjacent in ``col``: adjacent, SLP packed the pixels instead, and the stores became
-    transposes. BLAS ran this shape (K = 27 inputs per output) at a third of the FMA peak.
+    The body is refimpl/kernels/fma_tile.py's intrinsic: one vector of Q weights per k (the Q
+    weights of a row of ``wk`` are contiguous) and a broadcast fma per pixel. The tile's pixels
+    are ``ps`` apart, as its callers lay them out: chosen when the tile was scalar code for SLP to
+    vectorize (adjacent pixels, SLP packed pixels instead of channels). BLAS ran this shape
+    (K = 27 inputs per output) at a third of the FMA peak.
     """
     P, Q = pixels, channels
-    lines = [
+    return [
+        f"_STEM_FMA_{P}x{Q} = fma_tile({P}, {Q})",
+        "",
+        "",
         "@jit",
         f"def {stem_tile_name(P, Q)}(col, wk, p0, ps, o0, y):",
         "    # col (K, positions) im2col, wk (K, O), y (positions, O); the caller keeps the",
         f"    # pixels p0 + q*ps (q < {P}) and the channels o0 .. o0+{Q - 1} in range.",
+        f"    _STEM_FMA_{P}x{Q}(col, wk, p0, ps, o0, y)",
     ]
-    lines += [f"    acc_{q}_{o} = np.float32(0.0)" for q in range(P) for o in range(Q)]
-    lines += [
-        "    for k in range(col.shape[0]):",
-        "        wrow = wk[k]",
-        "        crow = col[k]",
-    ]
-    lines += [f"        w_{o} = wrow[np.uint64(o0 + {o})]" for o in range(Q)]
-    for q in range(P):
-        lines.append(f"        x_{q} = crow[np.uint64(p0 + {q} * ps)]")
-        lines += [f"        acc_{q}_{o} = fma32(x_{q}, w_{o}, acc_{q}_{o})" for o in range(Q)]
-    for q in range(P):
-        lines.append(f"    yrow = y[p0 + {q} * ps]")
-        lines += [f"    yrow[np.uint64(o0 + {o})] = acc_{q}_{o}" for o in range(Q)]
-    return lines
 
 
 def generate_tiles() -> str:
@@ -343,7 +334,7 @@ def generate_tiles() -> str:
         "from .._jit import jit",
         "from .bits import popcount",
         "from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, lanes_block, lanes_block_rows",
-        "from .fma import fma32",
+        "from .fma_tile import fma_tile",
     ]
     for pixels, channels in TILE_SHAPES:
         for layout in LAYOUTS:
