@@ -83,10 +83,10 @@ def test_sign_word_equals_pack_bits_of_the_row_including_zeros_nan_and_inf():
 @pytest.mark.parametrize("channels", [1, 63, 64, 65, 129])
 @pytest.mark.parametrize("size", [(1, 1), (3, 3), (3, 5), (4, 4), (1, 17), (5, 7), (8, 8), (9, 9), (5, 17)])
 def test_float32_pack_nchw_matches_numpy_with_zeros_nan_and_inf(channels, size):
-    # The sizes take every packing step: one pixel (sign_word for float32, a scalar loop for
-    # float64), rows shorter than 16 read 16 wide, 16, 32 and 64 pixels a step, and a last step
-    # that overlaps the one before. pack_bits (NumPy) is the independent reference; the float64
-    # input (an exact widening) must give the same words.
+    # The sizes take every packing step: one pixel (sign_word), rows shorter than 16 read 16
+    # wide, 16, 32 and 64 pixels a step, and a last step that overlaps the one before. pack_bits
+    # (NumPy) is the independent reference; float64, int and bool inputs (signs taken in their
+    # own dtype, then packed as float32) must give the same words.
     rng = np.random.default_rng(channels * 100 + size[1])
     x = rng.standard_normal((3, channels) + size).astype(np.float32)
     specials = np.array([0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf], dtype=np.float32)
@@ -95,3 +95,20 @@ def test_float32_pack_nchw_matches_numpy_with_zeros_nan_and_inf(channels, size):
     expected = pack_bits(np.moveaxis(x, 1, -1))
     assert np.array_equal(pack_nchw(x), expected)
     assert np.array_equal(pack_nchw(x.astype(np.float64)), expected)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int64, np.int8, np.uint8, np.bool_])
+def test_pack_nchw_takes_the_sign_in_the_inputs_own_dtype(dtype):
+    # Every dtype is packed through float32 +-1 signs; the sign must be taken before that cast:
+    # -1e-300 and -2**-140 round to -0.0 in float32, whose bit would be 1.
+    values = {np.float64: [-1e-300, -2.0 ** -140, 1e-300, 0.0, -0.0, np.nan, -np.inf, 3.0],
+              np.int64: [-1, 0, 1, -(2 ** 62), 2 ** 62, -5, 7, 0],
+              np.int8: [-128, -1, 0, 1, 127, -3, 3, 0],
+              np.uint8: [0, 1, 255, 128, 7, 0, 9, 2],
+              np.bool_: [True, False, True, True, False, False, True, False]}[dtype]
+    x = np.array(values, dtype=dtype).reshape(1, 8, 1, 1) * np.ones((1, 1, 3, 5), dtype=dtype)
+    expected = pack_bits(np.moveaxis(x, 1, -1))  # NumPy's x >= 0 in the input's dtype
+    assert np.array_equal(pack_nchw(x), expected)
+    assert np.array_equal(pack_nchw(x[:, :, :1, :1]), expected[:, :1, :1])
+    if dtype is np.float64:
+        assert not expected[0, 0, 0, 0] & 1 and not expected[0, 0, 0, 0] & 2  # the two tiny negatives: bit 0
