@@ -284,7 +284,7 @@ def _nchw_kernel(P: int, Q: int) -> list[str]:
         f"{i3}if full and panel * {Q} + {Q} <= n_out:",
         f"{i4}{panel}(xt, wflat, steps, panel, a, img0 * n_out + panel * {Q}, positions, pos0)",
         f"{i3}else:",
-        f"{i4}{panel}(xt, wflat, steps, panel, block, 0, {P}, 0)",
+        f"{i4}{panel}(xt, wflat, steps, panel, block, np.int64(0), np.int64({P}), np.int64(0))",
         f"{i4}for j in range(min({Q}, n_out - panel * {Q})):",
         f"{i4}    o = panel * {Q} + j",
         f"{i4}    for p in range(min({P}, n_pixels - first)):",

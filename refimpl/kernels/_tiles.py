@@ -487,7 +487,7 @@ def tiles_16x8(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_p
             if full and panel * 8 + 8 <= n_out:
                 panel_16x8_nchw(xt, wflat, steps, panel, a, img0 * n_out + panel * 8, positions, pos0)
             else:
-                panel_16x8_nchw(xt, wflat, steps, panel, block, 0, 16, 0)
+                panel_16x8_nchw(xt, wflat, steps, panel, block, np.int64(0), np.int64(16), np.int64(0))
                 for j in range(min(8, n_out - panel * 8)):
                     o = panel * 8 + j
                     for p in range(min(16, n_pixels - first)):

@@ -89,11 +89,12 @@ def _counts_fused(xflat, wflat, k_words, taps_off, bases, n_out, positions, chun
         u0 = worker * n_units // workers
         u1 = (worker + 1) * n_units // workers
         # the previous unit: its image, first channel, positions, rows, rows written so far
-        q_img = q_o0 = q_p0 = q_p1 = q_rows = q_done = 0
+        # np.int64(0), not 0: a literal reaching finish_rows compiles it once per Literal[int] pattern.
+        q_img = q_o0 = q_p0 = q_p1 = q_rows = q_done = np.int64(0)
         for u in range(u0, u1 + 1):
             current = stages[tid, u & 1]
             previous = stages[tid, (u + 1) & 1]
-            img = p0 = p1 = panel0 = panel1 = 0
+            img = p0 = p1 = panel0 = panel1 = np.int64(0)
             if u < u1:
                 img = u // (n_chunks * n_groups)
                 rest = u - img * (n_chunks * n_groups)
