@@ -86,6 +86,9 @@ def build_parser() -> OneLineParser:
     p.add_argument("--measure-op", action="store_true",
                    help="the measure as one opaque operator (bnn/measure_op.py): a new genome reuses the compiled step")
     p.add_argument("--fused-adam", action="store_true", help="Adam's fused kernel (CUDA)")
+    p.add_argument("--cudagraphs", action="store_true",
+                   help="with --compile: mode reduce-overhead, the step's kernels replayed as CUDA graphs (bnn.train "
+                        "--step graphs; the genome stays in the graph, so not with --measure-op)")
     p.add_argument("--full", action="store_true", help="also run and time one whole evaluation")
     p.add_argument("--full-only", action="store_true",
                    help="only the whole evaluation, timed from a new genome in this fresh process (compile included)")
@@ -109,6 +112,11 @@ def resolve(args) -> argparse.Namespace:
     elif name != "cpu":
         raise ValueError(f"--device {args.device!r}: expected auto, cpu, cuda or cuda:N")
     args.device = name
+    if args.cudagraphs and not (args.compile and name.startswith("cuda")):
+        raise ValueError("--cudagraphs captures CUDA graphs of the compiled step: give it with --compile on a CUDA device")
+    if args.cudagraphs and args.measure_op:
+        raise ValueError("--cudagraphs with --measure-op would never capture (the operator takes a CPU tensor); "
+                         "give one of them")
     base = TINY if args.tiny else DEFAULTS["cuda" if name.startswith("cuda") else "cpu"]
     for key, value in base.items():
         if getattr(args, key) is None:
@@ -158,7 +166,9 @@ class StepLoop:
         if binary and opts["measure_op"]:
             use_measure_op(model)
         self.model, self.data, self.batch = model, data, opts["batch"]
-        self.forward = torch.compile(model, backend=opts["compile_backend"]) if opts["compile"] else model
+        mode = {"mode": "reduce-overhead"} if opts["cudagraphs"] else {}
+        self.forward = torch.compile(model, backend=opts["compile_backend"], **mode) if opts["compile"] else model
+        self.cudagraphs = opts["cudagraphs"]
         fused = {"fused": True} if opts["fused_adam"] and device.type == "cuda" else {}
         self.opt = torch.optim.Adam(model.parameters(), lr=FITNESS.lr, betas=ADAM_BETAS, **fused)
         self.gen = torch.Generator().manual_seed(seed + 1)
@@ -180,6 +190,8 @@ class StepLoop:
         idx = plan["perm"][i * self.batch:(i + 1) * self.batch]
         x = d.augment(d.train_x[idx], plan["offsets"][idx], plan["flips"][idx])
         y = d.train_y[idx]
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()  # as bnn.train's graphs step
         logits = self.forward(d.normalize(x))
         loss = F.cross_entropy(logits, y)
         self.finite = self.finite & torch.isfinite(loss)
@@ -205,7 +217,7 @@ class StepLoop:
 def loop_options(args) -> dict:
     """What every StepLoop of this run shares (picklable, for the K processes)."""
     return {"batch": args.batch, "compile": args.compile, "compile_backend": args.compile_backend,
-            "measure_op": args.measure_op, "fused_adam": args.fused_adam}
+            "measure_op": args.measure_op, "fused_adam": args.fused_adam, "cudagraphs": args.cudagraphs}
 
 
 def first_step_s(data: Dataset, genome: str, binary: bool, opts: dict) -> float:
@@ -333,7 +345,7 @@ def measure_all(args) -> dict:
                         "images": args.images, "train_images": len(data.train_y), "val_images": len(data.val_y),
                         "steps": args.steps, "warmup": args.warmup, "compile": args.compile,
                         "compile_backend": args.compile_backend if args.compile else None,
-                        "measure_op": args.measure_op, "fused_adam": args.fused_adam}}
+                        "measure_op": args.measure_op, "fused_adam": args.fused_adam, "cudagraphs": args.cudagraphs}}
     if args.full_only:
         full_evaluation(args, data, res)
         return res
@@ -394,7 +406,8 @@ def report(res: dict) -> str:
     lines = [res["host"], f"device: {res['device']} ({res['device_name']}), torch {res['torch']}",
              f"resnet18, {s['epochs']} epochs, batch {s['batch']}, lr {s['lr']:g}, {s['images']} synthetic images "
              f"({s['train_images']} train / {s['val_images']} val), {s['steps']} timed steps after {s['warmup']}; "
-             f"compile={s['compile']} measure_op={s['measure_op']} fused_adam={s['fused_adam']}"]
+             f"compile={s['compile']} measure_op={s['measure_op']} fused_adam={s['fused_adam']} "
+             f"cudagraphs={s['cudagraphs']}"]
     if "binary_images_per_s" in res:  # not with --full-only
         lines.append(f"binary {res['genome']}: {res['binary_images_per_s']:.0f} images/s" + (
             "" if res["float_images_per_s"] is None else f"   float: {res['float_images_per_s']:.0f} images/s   "

@@ -13,6 +13,7 @@
 #   best    bench_fitness.py --compile --measure-op --fused-adam, K = 1,2,4, beside the float ResNet-18
 #   full    the same, one whole 15-epoch evaluation in a fresh process, compile included (inductor's
 #           on-disk cache warmed by best, as a search worker's is after its first candidate)
+#   graphs  the step as CUDA graphs (--compile --cudagraphs --fused-adam; bnn.train --step graphs), K = 1
 #   eager   bench_fitness.py as shipped (eager), K = 1,4
 #   today   bench_fitness.py --compile without the operator: what a new genome costs today
 # then $OUT/summary.txt (and summary.json): each step's exit status and time, the numbers, and the
@@ -74,6 +75,7 @@ if [ "$mode" = gpu ]; then
   step counts 120 "$PY" -m pytest tests/test_gpu_counts.py -q -p no:cacheprovider
   step best 240 "$PY" "${BF[@]}" --device cuda --compile --measure-op --fused-adam --k 1,2,4
   step full 150 "$PY" "${BF[@]}" --device cuda --compile --measure-op --fused-adam --full-only
+  step graphs 90 "$PY" "${BF[@]}" --device cuda --compile --cudagraphs --fused-adam --no-float --k 1
   step eager 90 "$PY" "${BF[@]}" --device cuda --k 1,4
   step today 120 "$PY" "${BF[@]}" --device cuda --compile --no-float --k none
 else
@@ -110,7 +112,8 @@ def load(name):
     return None
 
 
-runs = {name: load(name) for name in ("best", "full", "eager", "today")}
+names = ("best", "full", "graphs", "eager", "today") if mode == "gpu" else ("best", "full", "eager", "today")  # no CUDA graphs on a CPU
+runs = {name: load(name) for name in names}
 status = {n: rc for n, rc, _ in steps}
 for name, r in runs.items():
     if r is None:

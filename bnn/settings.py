@@ -59,6 +59,16 @@ DEFAULT_MODEL = {"digits": "digits_net", "mnist": "mnist_net", "fashion-mnist": 
                  "cifar10": "resnet18", "cifar100": "resnet18"}
 ADAM_BETAS = (0.9, 0.999)
 
+# How a training step runs (bnn/train_loop.py):
+#   eager     the layers as written, Adam's for-each kernel, every batch (the last one ragged);
+#   compiled  torch.compile with the measure as one opaque operator (bnn/measure_op.py: a new
+#             genome reuses the compiled graph), full batches only (one shape: no second compile),
+#             Adam's fused kernel on CUDA;
+#   graphs    the same, but torch.compile's mode="reduce-overhead" (CUDA graphs) with the genome in
+#             the graph (an operator with a CPU argument is never captured): a new genome recompiles;
+#   auto      compiled on CUDA, eager on the CPU (inductor's C++ compile takes minutes there).
+STEPS = ("auto", "eager", "compiled", "graphs")
+
 T = TypeVar("T")
 
 

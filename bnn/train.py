@@ -34,8 +34,8 @@ from refimpl.genome import Genome
 from .data import DATASETS, canonical_name, dataset_arg
 from .models import DOWNSAMPLE_KINDS, MODELS
 from .runlock import hold_run_dir
-from .settings import ADAM_BETAS, DEFAULT_MODEL, DEFAULT_PRESET, FITNESS, PRESETS
-from .train_config import DEVICES, TrainConfig, TrainResult, check_settings, resolve_device
+from .settings import ADAM_BETAS, DEFAULT_MODEL, DEFAULT_PRESET, FITNESS, PRESETS, STEPS
+from .train_config import DEVICES, TrainConfig, TrainResult, check_settings, resolve_device, resolve_step
 from .train_files import (
     CHECKPOINT,
     METRICS,
@@ -53,9 +53,9 @@ from .train_loop import CUDA_FINITE_CHECK_EVERY, EVAL_BATCH, evaluate, setup_bac
 _setup_backend = setup_backend
 __all__ = [
     "ADAM_BETAS", "CHECKPOINT", "CUDA_FINITE_CHECK_EVERY", "DEFAULT_MODEL", "DEFAULT_PRESET", "DEVICES", "EVAL_BATCH",
-    "FITNESS", "METRICS", "PRESETS", "RUN_FILES", "STATUSES", "SUMMARY", "TrainConfig", "TrainResult", "check_settings",
-    "config_from_args", "evaluate", "finished_result", "load_checkpoint", "main", "resolve_device", "run_finished",
-    "train_model",
+    "FITNESS", "METRICS", "PRESETS", "RUN_FILES", "STATUSES", "STEPS", "SUMMARY", "TrainConfig", "TrainResult",
+    "check_settings", "config_from_args", "evaluate", "finished_result", "load_checkpoint", "main", "resolve_device",
+    "resolve_step", "run_finished", "train_model",
 ]
 
 
@@ -113,7 +113,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run already in --out (without it such a folder is refused)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--step", choices=STEPS, default="auto",
+                   help="how a training step runs: eager; compiled (torch.compile, the measure as one operator so a "
+                        "new genome needs no recompile, full batches, fused Adam on CUDA); graphs (the same with "
+                        "CUDA graphs, the genome compiled in); auto = compiled on CUDA, eager on the CPU (default)")
+    p.add_argument("--compile", action="store_true", help="the same as --step compiled")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or per-epoch lines on stderr")
     return p
 
@@ -151,7 +155,7 @@ def config_from_args(args, ckpt: dict | None = None) -> TrainConfig:
         preset, model=model, dataset=dataset, measure=measure, downsample=args.downsample, seed=args.seed,
         device=args.device,
         data_dir=args.data_dir, val_size=args.val_size, train_size=args.train_size, out_dir=out,
-        compile=args.compile, download=args.download, **overrides,
+        compile=args.compile, step=args.step, download=args.download, **overrides,
     )
 
 
@@ -168,7 +172,7 @@ def _refuse_existing_run(out_dir: str) -> None:
 
 # What --resume takes from the checkpoint: given with it, they would be ignored, so they are refused.
 RESUME_FIXED = ("out", "model", "dataset", "data_dir", "download", "measure", "downsample", "preset", "batch_size", "lr",
-                "milestones", "seed", "val_size", "train_size", "compile")
+                "milestones", "seed", "val_size", "train_size", "compile", "step")
 
 
 # Tests set this to simulate a kill: the process exits abruptly right after that epoch's

@@ -15,7 +15,7 @@ from refimpl.genome import Genome
 
 from .data import canonical_name, check_split_sizes, read_arrays
 from .models import MODELS, check_downsample
-from .settings import PRESETS, from_mapping
+from .settings import PRESETS, STEPS, from_mapping
 
 _DIGITS = PRESETS["digits"]
 
@@ -40,7 +40,8 @@ class TrainConfig:
     out_dir: str | None = None  # None: no files at all (the search's fitness runs)
     split_seed: int = 0  # chooses the validation split; fixed so every run shares one val set
     eval_test: bool = True  # evaluate the test set at the end of an "ok" run
-    compile: bool = False  # torch.compile the model (CUDA)
+    compile: bool = False  # torch.compile the model: the same as step="compiled"
+    step: str = "auto"  # how a training step runs: auto | eager | compiled | graphs (STEPS, resolve_step)
     resume: bool = False  # continue from out_dir/checkpoint.pt if it exists
     download: bool = False
     downsample: str = "binary"  # binary | real shortcut of a unit that changes size or width (docs/design.md section 6)
@@ -79,7 +80,8 @@ class TrainConfig:
             _check_int("val_size", self.val_size, 0)
         if self.train_size is not None:
             _check_int("train_size", self.train_size, 1)
-        resolve_device(self.device, self.dataset)  # an unknown or absent device: one line, nothing run
+        device = resolve_device(self.device, self.dataset)  # an unknown or absent device: one line, nothing run
+        resolve_step(self, device)
 
     def to_dict(self) -> dict:
         """The settings as JSON values (milestones as a list), as checkpoints and summaries record them."""
@@ -124,6 +126,22 @@ class TrainResult:
 
 
 DEVICES = "auto, cpu, cuda or cuda:N"
+
+
+
+def resolve_step(cfg: "TrainConfig", device: torch.device) -> str:
+    """The step kind ``cfg`` runs on ``device`` (STEPS without auto); a one-line ValueError for an
+    unknown kind, for ``compile`` with another kind, and for CUDA graphs without CUDA."""
+    if cfg.step not in STEPS:
+        raise ValueError(f"step must be one of {', '.join(STEPS)}, got {cfg.step!r}")
+    if cfg.compile and cfg.step not in ("auto", "compiled"):
+        raise ValueError(f"compile=True is step='compiled'; it clashes with step={cfg.step!r}")
+    if cfg.step == "graphs" and device.type != "cuda":
+        raise ValueError(f"step 'graphs' captures CUDA graphs and needs a CUDA device, not {device.type}; "
+                         "use step 'compiled' or 'eager'")
+    if cfg.step != "auto":
+        return cfg.step
+    return "compiled" if cfg.compile or device.type == "cuda" else "eager"
 
 
 def resolve_device(name: str, dataset: str = "digits") -> torch.device:

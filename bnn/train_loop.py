@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from .data import Dataset, load_dataset
 from .models import build_model
 from .settings import ADAM_BETAS
-from .train_config import TrainConfig, TrainResult, resolve_device
+from .train_config import TrainConfig, TrainResult, resolve_device, resolve_step
 from .train_files import (
     CHECKPOINT,
     METRICS,
@@ -38,6 +38,9 @@ CUDA_FINITE_CHECK_EVERY = 16
 # What a resumed run must share with its checkpoint (downsample is checked on its own: old
 # checkpoints lack it).
 RESUME_MUST_MATCH = ("model", "dataset", "measure", "seed", "split_seed", "batch_size", "lr", "gamma", "train_size")
+# torch.compile's backend for the compiled and graphs steps (the tests take "aot_eager": TorchDynamo
+# and AOTAutograd as on the GPU, without inductor's minutes of C++ on a 2-core CPU).
+COMPILE_BACKEND = "inductor"
 
 
 @torch.no_grad()
@@ -102,14 +105,15 @@ def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: flo
         if run_finished(ckpt, cfg.epochs):
             return finished_result(cfg, ckpt)  # reported, not retrained: no data needed
     data = _data_for(cfg, data, device)
-    gen, model, optimizer, scheduler = _build(cfg, data, device)
+    kind = resolve_step(cfg, device)
+    gen, model, optimizer, scheduler = _build(cfg, data, device, fused=kind != "eager" and device.type == "cuda")
     history, start_epoch = _restore(cfg, ckpt, model, optimizer, scheduler, gen, metrics_path)
-    forward = torch.compile(model) if cfg.compile else model
+    forward = compiled_forward(model, kind)
 
     status, test = "running", None
     wall_offset = history[-1]["wall_s"] if history else 0.0  # wall_s counts across resumes
     for epoch in range(start_epoch + 1, cfg.epochs + 1):
-        steps = _train_steps(cfg, data, device, model, forward, optimizer, gen, epoch, progress)
+        steps = _train_steps(cfg, data, device, model, forward, optimizer, gen, epoch, progress, kind)
         val_acc, _ = evaluate(model, data, data.val_x, data.val_y)
         row = _epoch_row(epoch, steps, val_acc, optimizer.param_groups[0]["lr"], wall_offset + time.perf_counter() - t0)
         if steps["diverged"]:
@@ -170,14 +174,14 @@ def _data_for(cfg: TrainConfig, data: Dataset | None, device: torch.device) -> D
     return data
 
 
-def _build(cfg: TrainConfig, data: Dataset, device: torch.device):
-    # Seeds first: the model's initialization draws from them.
+def _build(cfg: TrainConfig, data: Dataset, device: torch.device, fused: bool = False):
+    # Seeds first: the model's initialization draws from them. fused: Adam's one-kernel CUDA step.
     gen = seed_everything(cfg.seed)
     model = build_model(cfg.model, cfg.measure, data.num_classes, data.input_shape,
                         downsample=cfg.downsample).to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=ADAM_BETAS)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=ADAM_BETAS, **({"fused": True} if fused else {}))
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(cfg.milestones), gamma=cfg.gamma)
     return gen, model, optimizer, scheduler
 
@@ -198,13 +202,34 @@ def _restore(cfg, ckpt, model, optimizer, scheduler, gen, metrics_path) -> tuple
     return history, int(ckpt["epoch"])
 
 
-def _train_steps(cfg, data, device, model, forward, optimizer, gen, epoch, progress) -> dict:
+def compiled_forward(model: torch.nn.Module, kind: str):
+    """What a training step calls for the step kind ``kind`` (bnn.train_config.STEPS)."""
+    if kind == "eager":
+        return model
+    if kind == "compiled":
+        from .measure_op import use_measure_op
+
+        use_measure_op(model)  # the genome enters as a tensor: one compiled graph for every genome
+        return torch.compile(model, backend=COMPILE_BACKEND)
+    return torch.compile(model, backend=COMPILE_BACKEND, mode="reduce-overhead")
+
+
+def steps_per_epoch(images: int, batch_size: int, kind: str) -> int:
+    """Optimizer steps in an epoch of ``images``: the compiled kinds take full batches only (a
+    ragged last batch is a second shape, so a second compile and CUDA graph), the eager one
+    every image. Each epoch draws a new permutation, so the images left out differ by epoch."""
+    if kind == "eager" or images < batch_size:
+        return math.ceil(images / batch_size)
+    return images // batch_size
+
+
+def _train_steps(cfg, data, device, model, forward, optimizer, gen, epoch, progress, kind="eager") -> dict:
     # One epoch's optimizer steps, stopped by the first non-finite loss (seen every step on the
     # CPU, every CUDA_FINITE_CHECK_EVERY steps on CUDA).
     model.train()
     t_epoch = time.perf_counter()
     plan = data.epoch_plan(gen)
-    steps = math.ceil(len(data.train_y) / cfg.batch_size)
+    steps = steps_per_epoch(len(data.train_y), cfg.batch_size, kind)
     check_every = CUDA_FINITE_CHECK_EVERY if device.type == "cuda" else 1
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
@@ -215,6 +240,8 @@ def _train_steps(cfg, data, device, model, forward, optimizer, gen, epoch, progr
         idx = plan["perm"][step * cfg.batch_size:(step + 1) * cfg.batch_size]
         x = data.augment(data.train_x[idx], plan["offsets"][idx], plan["flips"][idx])
         y = data.train_y[idx]
+        if kind == "graphs":
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are consumed
         logits = forward(data.normalize(x))
         loss = F.cross_entropy(logits, y)
         finite = finite & torch.isfinite(loss)

@@ -87,6 +87,9 @@ def test_tiny_reports_evaluations_per_hour_from_the_aggregate_rate_of_k_processe
                          "give --images 142 or more"),
     (["--device", "tpu"], "error: --device 'tpu': expected auto, cpu, cuda or cuda:N"),
     (["--genome", "M99"], "error: "),
+    (["--cudagraphs"], "error: --cudagraphs captures CUDA graphs of the compiled step: give it with --compile on a "
+                       "CUDA device"),
+    (["--cudagraphs", "--compile"], "error: --cudagraphs captures CUDA graphs"),  # the CPU has none
 ])
 def test_a_bad_flag_is_one_line_and_exit_2(args, line):
     r = run_main(_bench().main, "--device", "cpu", *args)

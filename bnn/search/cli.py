@@ -13,7 +13,7 @@ from refimpl.cli import OneLineParser, nonnegative_int, positive_float, positive
 from refimpl.datasets import DATASETS, canonical_name, dataset_arg
 
 from ..runlock import hold_run_dir
-from ..settings import DEFAULT_MODEL, FITNESS, PAPER_POPULATION
+from ..settings import DEFAULT_MODEL, FITNESS, PAPER_POPULATION, STEPS
 from . import journal as jr
 from .fitness import fitness_config, parse_fitness_spec
 from .ga import Thresholds
@@ -38,7 +38,7 @@ PRESETS = {
 # Flags that only steer the run (allowed to change on --resume); the rest define the search.
 RUN_CONTROL = ("max_evaluations", "max_trainings", "patience", "max_minutes", "workers", "workers_per_device", "backend",
                "ray_address",
-               "data_dir", "device")
+               "data_dir", "device", "step")
 
 
 class CliError(Exception):
@@ -132,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training images per fitness training, a seeded subset of the training split (default: all)")
     t.add_argument("--train-seed", type=seed_int, help="seed of every fitness training, 0..2**63-1 (default 0)")
     t.add_argument("--device", help="auto, cpu, cuda or cuda:N (default auto)")
+    t.add_argument("--step", choices=STEPS,
+                   help="how a fitness training step runs (bnn.train --step): eager, compiled (one compiled graph for "
+                        "every genome), graphs (CUDA graphs, a compile per genome); default auto: compiled on CUDA, "
+                        "eager on the CPU")
     t.add_argument("--fitness", help=argparse.SUPPRESS)  # testing: synthetic:SEED[,delay=S][,die_once=PATH]
     r = p.add_argument_group("running")
     r.add_argument("--workers", type=_positive, help="parallel workers (one per GPU; default: GPUs for --preset paper, else 1)")

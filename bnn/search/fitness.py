@@ -308,7 +308,7 @@ def fitness_config(train: dict, genome: str):
     return TrainConfig.from_mapping(dict(
         model=t["model"], dataset=t["dataset"], measure=genome, epochs=t["epochs"],
         downsample=t.get("downsample", "binary"),
-        batch_size=t["batch_size"], lr=t["lr"], seed=t["seed"], device=t["device"],
+        batch_size=t["batch_size"], lr=t["lr"], seed=t["seed"], device=t["device"], step=t.get("step", "auto"),
         data_dir=t.get("data_dir"), val_size=t.get("val_size"), train_size=t.get("train_size"),
         milestones=FITNESS.milestones, gamma=FITNESS.gamma,  # the paper's fitness schedule
         out_dir=None,  # no files per candidate

@@ -85,6 +85,7 @@ class SearchConfig:
     ray_address: str | None = None
     data_dir: str | None = None
     device: str = "auto"
+    step: str = "auto"  # how a fitness training step runs (bnn.train_config.STEPS)
 
     @classmethod
     def from_mapping(cls, mapping) -> "SearchConfig":
@@ -95,7 +96,8 @@ class SearchConfig:
         """The fitness training's settings as the workers take them."""
         return {"dataset": self.dataset, "model": self.model, "downsample": self.downsample, "epochs": self.epochs,
                 "batch_size": self.batch_size, "lr": self.lr, "val_size": self.val_size,
-                "train_size": self.train_size, "seed": self.train_seed, "data_dir": self.data_dir, "device": self.device}
+                "train_size": self.train_size, "seed": self.train_seed, "data_dir": self.data_dir, "device": self.device,
+                "step": self.step}
 
 
 def _clean(v):
