@@ -198,8 +198,9 @@ def _module_head(g: Genome) -> list[str]:
         f"    return {measure_expression(g)}",
         "",
         "",
-        '@jit("void(f4[:, :, ::1], f4[:, :, ::1], f4[:, :, ::1], f4[:, :, ::1], f4[:, ::1], f4[:, :, ::1])",',
-        "     parallel=True, loop_vectorize=True)",
+        # No signature: compiled on first call, as only tests call it (eagerly, every genome's
+        # first load paid 1-1.6 s for it).
+        "@jit(parallel=True, loop_vectorize=True)",
         "def measure_array(a, b, c, d, alpha, out):",
         "    # (N, O, P) float32 counts -> out; the engine's measure alone, for tests.",
         "    n_img, n_out, size = a.shape",
