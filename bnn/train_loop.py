@@ -223,7 +223,7 @@ def steps_per_epoch(images: int, batch_size: int, kind: str) -> int:
     return images // batch_size
 
 
-def _train_steps(cfg, data, device, model, forward, optimizer, gen, epoch, progress, kind="eager") -> dict:
+def _train_steps(cfg, data, device, model, forward, optimizer, gen, epoch, progress, kind) -> dict:
     # One epoch's optimizer steps, stopped by the first non-finite loss (seen every step on the
     # CPU, every CUDA_FINITE_CHECK_EVERY steps on CUDA).
     model.train()
