@@ -10,9 +10,9 @@
 * ``error_model="numpy"``: IEEE semantics (``1/0 = inf``, ``0/0 = nan``), never an exception
   (docs/design.md section 2). No ``fastmath``: the golden path keeps NaN and inf honest.
 * SLP vectorizer on, loop vectorizer off, per kernel: with Numba's defaults the loop vectorizer
-  splits the popcount panel into 128 reduction accumulators that spill, and the kernel runs
-  ~50x slower; SLP packs the named scalar accumulators into AVX-512 registers
-  (docs/performance.md). Elementwise kernels ask for ``loop_vectorize=True`` (the epilogue says
+  split the popcount panel (when it was 128 named scalar accumulators) into reduction
+  accumulators that spilled, and the kernel ran ~50x slower; SLP packs the unrolled scalar
+  code that is left (the packing steps of ``_pack.py``) into vectors (docs/performance.md). Elementwise kernels ask for ``loop_vectorize=True`` (the epilogue says
   why it is safe). Numba keeps SLP off by default because of a past miscompile (numba#8705):
   every kernel compiled here has a bit-exact test against a naive reference. Numba has no
   per-function option for either, so ``_Compiler`` sets them in ``numba.config`` for the length

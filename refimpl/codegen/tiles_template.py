@@ -19,27 +19,9 @@ from ..kernels.tiling import (
 _I1, _I2, _I3, _I4 = (" " * (4 * k) for k in range(1, 5))
 
 
-def _panel_loop(P: int, Q: int, pixel_major: bool, indent: str, panels: str) -> list[str]:
-    """The register-blocked loop over panels, up to (not including) the store."""
-    i3, i4 = indent, indent + "    "
-    lines = [
-        f"{i3[:-4]}for panel in range({panels}):",
-        f"{i3}wo = panel * steps * {Q}",
-    ]
-    lines += [f"{i3}acc_{p}_{j} = np.uint64(0)" for p in range(P) for j in range(Q)]
-    # (tap, word) pairs are laid out in the same order in xt and in the weight panel, so one
-    # flat loop walks both. Unsigned indices: Numba skips its negative-index wraparound for them.
-    lines += [
-        f"{i3}for step in range(steps):",
-        f"{i4}xk = np.uint64(step)" if pixel_major else f"{i4}xk = np.uint64(step * {P})",
-        f"{i4}wk = np.uint64(wo + step * {Q})",
-    ]
-    lines += [f"{i4}w_{j} = wflat[wk + np.uint64({j})]" for j in range(Q)]
-    for p in range(P):
-        offset = f"np.uint64({p} * steps)" if pixel_major else f"np.uint64({p})"
-        lines.append(f"{i4}x_{p} = xt[xk + {offset}]")
-        lines += [f"{i4}acc_{p}_{j} += popcount(x_{p} & w_{j})" for j in range(Q)]
-    return lines
+def outer_name(P: int, Q: int, orientation: str) -> str:
+    """The module-level name of refimpl/kernels/outer_product.py's intrinsic in ``_tiles.py``."""
+    return f"_OUTER_{P}x{Q}_{orientation.upper()}"
 
 
 def _nhwc_gather(P: int) -> list[str]:
@@ -71,21 +53,23 @@ def _nhwc_gather(P: int) -> list[str]:
     ]
 
 
-def _nhwc_store(P: int, Q: int) -> list[str]:
-    """Store, pixel-major: a pixel's Q accumulators are one vector register (the SLP pack
-    above), stored as Q consecutive int32. The tile's P pixels are consecutive rows of ``a``
-    unless it runs past the last pixel; padding channels are dropped."""
-    i2, i3 = _I2, _I3
-    lines = [f"{i2}if first + {P} <= n_pixels and panel * {Q} + {Q} <= n_out:"]
-    for p in range(P):
-        lines.append(f"{i3}row = np.uint64((first - a_first + {p}) * n_out + panel * {Q})")
-        lines += [f"{i3}a[row + np.uint64({j})] = np.int32(acc_{p}_{j})" for j in range(Q)]
-    lines.append(f"{i2}else:")
-    lines += [f"{i3}block[{j}, {p}] = acc_{p}_{j}" for j in range(Q) for p in range(P)]
-    return lines + [
+def _nhwc_panels(P: int, Q: int) -> list[str]:
+    """The panels, pixel-major: each pixel's Q counts are one vector (``outer_product``'s
+    "channels" orientation), stored as Q consecutive int32. The tile's P pixels are consecutive
+    rows of ``a`` unless it runs past the last pixel; padding channels are dropped."""
+    i1, i2, i3, i4 = _I1, _I2, _I3, _I4
+    tile = outer_name(P, Q, "channels")
+    return [
+        f"{i1}for panel in range(panel0, panel1):",
+        f"{i2}wo = panel * steps * {Q}",
+        f"{i2}if first + {P} <= n_pixels and panel * {Q} + {Q} <= n_out:",
+        f"{i3}{tile}(xt, np.int64(0), steps, wflat, wo, steps, a, (first - a_first) * n_out + panel * {Q}, n_out)",
+        f"{i2}else:",
+        f"{i3}flat = block.reshape(-1)",
+        f"{i3}{tile}(xt, np.int64(0), steps, wflat, wo, steps, flat, np.int64(0), np.int64({Q}))",
         f"{i3}for p in range(min({P}, n_pixels - first)):",
-        f"{i3}    for j in range(min({Q}, n_out - panel * {Q})):",
-        f"{i3}        a[(first - a_first + p) * n_out + panel * {Q} + j] = np.int32(block[j, p])",
+        f"{i4}for j in range(min({Q}, n_out - panel * {Q})):",
+        f"{i4}    a[(first - a_first + p) * n_out + panel * {Q} + j] = np.int32(flat[p * {Q} + j])",
     ]
 
 
@@ -129,18 +113,16 @@ def _nhwc_sources(P: int, Q: int) -> list[str]:
         f"{i1}# read the zero border: the in-bounds window sum of docs/design.md section 1).",
         f"{i1}n_taps = taps_off.shape[0]",
         f"{i1}steps = n_taps * k_words",
-        # im2col pixel-major, xt[p*steps + t*K + k]: a step's P input words are then not
-        # adjacent, so SLP cannot pack them into one vector and packs the Q weight words
-        # instead. Each accumulator vector is then one pixel's Q channels, which is the store
-        # layout; packed over pixels (as for nchw) the store was a 16x8 transpose of ~180
-        # shuffles per tile and panel, as much as the popcounts of a 64-channel layer.
+        # im2col pixel-major, xt[p*steps + t*K + k], and each accumulator vector one pixel's Q
+        # channels, which is the store layout; packed over pixels (as for nchw) the store was a
+        # 16x8 transpose of ~180 shuffles per tile and panel, as much as the popcounts of a
+        # 64-channel layer.
         # One word per tap (64 channels) gets its own loop: the generic one ran at ~4 cycles a
         # word there, a quarter of a 64-channel layer's GEMM time (measured at batch 64).
     ]
     lines += _byte_lookup_lanes(P, Q)
     lines += _nhwc_gather(P)
-    lines += _panel_loop(P, Q, True, _I2, "panel0, panel1")
-    return lines + _nhwc_store(P, Q) + ["", ""] + _nhwc_kernel(P, Q)
+    return lines + _nhwc_panels(P, Q) + ["", ""] + _nhwc_kernel(P, Q)
 
 
 def _byte_lookup_panels(P: int, Q: int, call: str, pixels: str, channels: str) -> list[str]:
@@ -207,8 +189,8 @@ def _nchw_gather(P: int) -> list[str]:
         "@jit",
         f"def {gather}(xflat, k_words, taps_off, bases, first, xt):",
         f"{i1}# im2col of pixels first .. first+{P - 1}: xt[(t*K + k)*{P} + p], tap-major, so that a",
-        f"{i1}# step's {P} input words are adjacent and SLP packs the accumulators over pixels: each",
-        f"{i1}# vector holds 8 positions of one channel, the nchw store layout.",
+        f"{i1}# step's {P} input words are one vector load and each accumulator holds positions of",
+        f"{i1}# one channel, the nchw store layout.",
         f"{i1}# One word per tap (64 channels) without the word loop, as in the nhwc tile.",
         f"{i1}n_taps = taps_off.shape[0]",
         f"{i1}if k_words == 1:",
@@ -237,7 +219,7 @@ def _nchw_panel(P: int, Q: int) -> list[str]:
         "@jit(slp_vectorize=not BYTE_LOOKUP)",
         f"def {panel}(xt, wflat, steps, panel, out, row0, ld, col):",
         f"{i1}# The {P}x{Q} tile of one panel: channel j of the panel goes to",
-        f"{i1}# out[(row0 + j)*ld + col :][:{P}], {P} consecutive positions (SLP: vector stores).",
+        f"{i1}# out[(row0 + j)*ld + col :][:{P}], {P} consecutive positions (vector stores).",
         # Without a vector popcount: byte_dot's blocks over the same tap-major xt.
         f"{i1}if BYTE_LOOKUP:",
         f"{i2}for pp in range(0, {P}, 4 * LANE_GROUPS):",
@@ -246,12 +228,9 @@ def _nchw_panel(P: int, Q: int) -> list[str]:
         f"{i2}                    (row0 + qq) * ld + col + pp, 1, ld)",
         f"{i2}return",
     ]
-    body = _panel_loop(P, Q, False, i2, "panel, panel + 1")
-    # _panel_loop opens its own loop over panels; here there is exactly one.
-    lines += [line[4:] if line.startswith(i2) else line for line in body[1:]]
-    for j in range(Q):
-        lines.append(f"{i1}row = np.uint64((row0 + {j}) * ld + col)")
-        lines += [f"{i1}out[row + np.uint64({p})] = np.int64(acc_{p}_{j})" for p in range(P)]
+    # Channel j's P counts are one vector (``outer_product``'s "pixels" orientation).
+    lines.append(f"{i1}{outer_name(P, Q, 'pixels')}(xt, np.int64(0), np.int64({P}), wflat, panel * steps * {Q}, steps, out,")
+    lines.append(f"{i1}{' ' * len(outer_name(P, Q, 'pixels'))} row0 * ld + col, ld)")
     return lines
 
 
@@ -335,8 +314,11 @@ def generate_tiles() -> str:
         "from .bits import popcount",
         "from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, lanes_block, lanes_block_rows",
         "from .fma_tile import fma_tile",
+        "from .outer_product import outer_product",
     ]
     for pixels, channels in TILE_SHAPES:
+        out += [""] + [f"{outer_name(pixels, channels, o)} = outer_product({pixels}, {channels}, {o!r})"
+                       for o in ("channels", "pixels")]
         for layout in LAYOUTS:
             out += ["", ""] + tile_kernel_source(pixels, channels, layout)
     out += ["", ""] + stem_tile_source(*STEM_TILE)

@@ -2,13 +2,13 @@
 
 Shape of the computation (what made Numba reach the popcount peak, docs/performance.md):
 
-* Outputs are computed in tiles of P pixels x Q output channels, each output a named scalar
-  ``uint64`` accumulator (``acc_p_j``). For one channel word ``k`` of one tap, a tile loads Q
-  weight words (one contiguous panel row), and for each pixel one input word that it ANDs
-  against all Q weight words. LLVM's SLP vectorizer packs the Q accumulators of a pixel into
-  one AVX-512 register, so the inner loop is broadcast-AND, ``vpopcntq``, add: three vector ops
-  per 512 binary MACs, no horizontal reductions. The source is generated (``_tiles.py``, from
-  ``refimpl/codegen/tiles_template.py``) because it spells out P*Q accumulators.
+* Outputs are computed in tiles of P pixels x Q output channels, each output a ``uint64``
+  count. For one channel word ``k`` of one tap, a tile loads Q weight words (one contiguous
+  panel row) and P input words, and ANDs every input word against every weight word: an outer
+  product, written as LLVM vectors (``outer_product.py``): one operand a vector, the other
+  broadcast, so the inner loop is broadcast-AND, ``vpopcntq``, add: three vector ops per 512
+  binary MACs, no horizontal reductions. The tile functions are generated (``_tiles.py``, from
+  ``refimpl/codegen/tiles_template.py``), one per shape and layout.
 * Weights are pre-packed into column panels ``(O/Q, taps, K, Q)`` so that the Q words of a panel
   row are contiguous; channels past O are zero words and their outputs are dropped.
 * The input is zero-padded spatially (a 0 word adds nothing to ``popcount(x & w)``), so every
@@ -18,9 +18,9 @@ Shape of the computation (what made Numba reach the popcount peak, docs/performa
 * Two store layouts. ``nchw`` (the counts API): ``a`` is (N, O, Ho*Wo) int64, stored channel
   by channel in contiguous runs of P positions. Its tile is two serial functions, a gather and
   one panel's GEMM, so that ``fused.py`` can run the count identities between panels.
-  ``nhwc`` (the inference engine): ``a`` is (N, Ho*Wo, O) int32. Its im2col is pixel-major so
-  that SLP packs the accumulators over channels, not pixels: each pixel's Q channels are then
-  one vector register, and a full tile is P plain vector stores, no transposes; the
+  ``nhwc`` (the inference engine): ``a`` is (N, Ho*Wo, O) int32. Its accumulators run over
+  channels, not pixels: each pixel's Q channels are one vector register, and a full tile is P
+  plain vector stores, no transposes; the
   engine's epilogue then runs along contiguous channels, which keeps it vectorized on the 4x4
   and 8x8 layers where a pixel row is too short to.
 """
