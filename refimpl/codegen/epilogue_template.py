@@ -62,9 +62,9 @@ def measure_expression(genome) -> str:
     return to_numba(tree)
 
 
-# Explicit signatures: the kernels compile when the module is imported (see engine/epilogue.py's
-# ``load``; the fused ones on first use, ``fused_kernel``), and the
-# engine always passes C-contiguous arrays.
+# Explicit signatures, each compiled on the kernel's first use (engine/epilogue.py's ``kernel``):
+# a model runs one or two of the six, and each costs 1.5-5 s of compile per genome. The engine
+# always passes C-contiguous arrays.
 # a (N, P, O) int32; px (N, P); pw, npw (P, O); alpha (4, O); scale, shift (O,)
 _COMMON = "i4[:, :, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1]"
 _TAIL = "f4[:, :, ::1], u8[:, :, :, ::1], b1, i8, i8, i8, i8"
@@ -77,19 +77,17 @@ _SCRATCH = "u8[:, ::1], u8[:, :, ::1], i4[:, ::1]"
 _PX_SCRATCH = "f4[:, ::1]"  # (T, P) px of the tile's pixels; (T, 2P) with the shortcut's
 _EPI = "f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1]"  # pw, npw, alpha, scale, shift
 _FUSED_TAIL = "f4[:, :, ::1], u8[:, :, :, ::1], b1, i8, i8, i8"
-FUSED_SIGNATURES = {
+# The one signature of each kernel of a generated module, by name.
+SIGNATURES = {
+    "epilogue_none": f"void({_COMMON}, {_TAIL})",
+    "epilogue_identity": f"void({_COMMON}, {_TAIL})",
+    "epilogue_down": f"void({_COMMON}, {_COMMON}, {_TAIL})",
     # identity takes what none takes: its residual is ``out`` itself (see _MODES)
-    "none": f"void({_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
-    "identity": f"void({_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
-    "down": f"void({_GEMM}, {_GEMM2}, {_SCRATCH}, i4[:, ::1], {_PX_SCRATCH}, {_EPI}, {_EPI}, {_FUSED_TAIL})",
+    "fused_none": f"void({_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
+    "fused_identity": f"void({_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
+    "fused_down": f"void({_GEMM}, {_GEMM2}, {_SCRATCH}, i4[:, ::1], {_PX_SCRATCH}, {_EPI}, {_EPI}, {_FUSED_TAIL})",
 }
 _TILE = tile_function_name(TILE_PIXELS, TILE_CHANNELS)
-
-_SIGNATURES = {
-    "none": f"void({_COMMON}, {_TAIL})",
-    "identity": f"void({_COMMON}, {_TAIL})",
-    "down": f"void({_COMMON}, {_COMMON}, {_TAIL})",
-}
 
 _MODES = {
     # residual mode -> (extra parameters, how y is formed)
@@ -219,7 +217,7 @@ def _epilogue_function(mode: str) -> list[str]:
     body = [
         "",
         "",
-        f'@jit("{_SIGNATURES[mode]}", parallel=True, loop_vectorize=True)',
+        "@jit(parallel=True, loop_vectorize=True)",
         f"def epilogue_{mode}(a, px, pw, npw, alpha, scale, shift{extra}, out, bits, pack, width, pad_h, pad_w, chunk):",
         "    # Channels last: a (N, P, O) int32; px (N, P), pw and npw = n - pw (P, O) float32;",
         "    # out (N, P, O); bits (N, Hp, Wp, K) uint64 with zero borders, written when pack is True.",
@@ -256,8 +254,7 @@ def _fused_function(mode: str) -> list[str]:
     body = [
         "",
         "",
-        # No signature: compiled on first use by ``fused_kernel`` (3-5 s each, and a
-        # model that never runs fused, or has no shortcut, does not pay for them).
+        # No signature: compiled on first use (SIGNATURES above).
         # SLP would re-pack the byte-lookup tile inlined here (refimpl/kernels/byte_dot.py).
         "@jit(parallel=True, loop_vectorize=True, slp_vectorize=not BYTE_LOOKUP)",
         f"def fused_{mode}({gemm_args}, {scratch}, pw, npw, alpha, scale, shift{extra.replace(', a2, px2', '')}, out, bits, pack, width, pad_h, pad_w):",

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import types
 
-from ..codegen.epilogue_template import FUSED_SIGNATURES, generate
+from ..codegen.epilogue_template import SIGNATURES, generate
 from ..genome import Genome
 
 
@@ -33,15 +33,16 @@ def cache_dir() -> str:
     return os.path.join(base, "bnn-measure")
 
 
-def fused_kernel(module, mode: str):
-    """``module.fused_<mode>``, compiled (or loaded from Numba's cache) for its one signature
-    on first use, with the loop vectorizer on like the rest of the module. Further compiles are
-    disabled, so arguments of other types raise instead of compiling a slow variant."""
-    kernel = getattr(module, f"fused_{mode}")
-    if not kernel.signatures:
-        kernel.compile(FUSED_SIGNATURES[mode])
-        kernel.disable_compile()
-    return kernel
+def kernel(module, name: str):
+    """``module.<name>`` (``epilogue_<mode>`` or ``fused_<mode>``), compiled (or loaded from
+    Numba's cache) for its one signature on first use: a model runs only some of a module's
+    kernels, at 1.5-5 s of compile each. Further compiles are disabled, so arguments of other
+    types raise instead of compiling a slow variant."""
+    fn = getattr(module, name)
+    if not fn.signatures:
+        fn.compile(SIGNATURES[name])
+        fn.disable_compile()
+    return fn
 
 
 _LOADED: dict[str, object] = {}
@@ -116,7 +117,7 @@ def load(genome):
     module.__file__ = path  # Numba's cache locates and stamps the kernels by this file
     sys.modules[key] = module  # Numba's cache and pickling find functions by module name
     try:
-        exec(code, module.__dict__)  # noqa: S102 - our generated text; compiles (or loads from Numba's cache) the kernels
+        exec(code, module.__dict__)  # noqa: S102 - our generated text; its kernels compile on first use
     except BaseException:
         sys.modules.pop(key, None)
         raise

@@ -278,14 +278,14 @@ class _UnitStep(_Step):
             a2 = None
             tasks = (g1 - g0) * -(-a.shape[1] // chunk)
             if L.residual == "none":
-                run_kernel(self.ep.epilogue_none, tasks, *head, *tail)
+                run_kernel(epilogue.kernel(self.ep, "epilogue_none"), tasks, *head, *tail)
             elif self.mode == "identity":
-                run_kernel(self.ep.epilogue_identity, tasks, *head, *tail)
+                run_kernel(epilogue.kernel(self.ep, "epilogue_identity"), tasks, *head, *tail)
             else:
                 d = L.down
                 px2 = self.px2[g0:g1]
                 a2 = down(bits_in, px2)
-                run_kernel(self.ep.epilogue_down, tasks,
+                run_kernel(epilogue.kernel(self.ep, "epilogue_down"), tasks,
                            *head, a2, px2, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, *tail)
             if debug is not None:
                 debug.append((main.counts(a, px), down.counts(a2, px2) if a2 is not None else None))
@@ -310,7 +310,7 @@ class _UnitStep(_Step):
         epi = (main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift)
         tail = (out, self.bits_out if self.pack else _NO_BITS, self.pack, main.out_w, self.pad[0], self.pad[1])
         scratch = (mp.xscratch, mp.bscratch, self.ascratch[0])
-        kernel = epilogue.fused_kernel(self.ep, self.mode)
+        kernel = epilogue.kernel(self.ep, f"fused_{self.mode}")
         if self.mode in ("none", "identity"):
             kernel(*gemm, *scratch, self.pxscratch, *epi, *tail)
         else:
