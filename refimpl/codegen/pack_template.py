@@ -17,27 +17,18 @@ def _zero_words(lanes: int) -> list[str]:
 
 
 def pack_source(lanes: int) -> list[str]:
-    """``pack_{lanes}``: word k (channels c0..c1-1) of the ``lanes`` pixels from p of one image.
-
-    One named word per pixel and loads of contiguous pixels, as in the popcount tile: SLP
-    turns each channel into vector compares and masked ors, the words stay in registers.
-    Indices are unsigned: a signed index is wrapped when negative, which SLP cannot vectorize
-    (it made gathers).
-    """
+    """``pack_{lanes}``: word k (channels c0..c1-1) of the ``lanes`` pixels from p of one image,
+    by ``refimpl/kernels/pack_lanes.py``'s vector step."""
     L = lanes
-    lines = [
+    return [
+        f"_PACK_{L} = pack_lanes({L})",
+        "",
+        "",
         "@jit",
         f"def pack_{L}(xi, p, c0, c1, outi, k):",
         f"    # xi (C, P) one image, P >= p + {L}; outi (P, K) its words.",
-        *_zero_words(L),
-        "    q = np.uint64(p)",
-        "    for ch in range(c0, c1):",
-        "        bit = np.uint64(1) << np.uint64(ch - c0)",
-        "        row = xi[ch]",
+        f"    _PACK_{L}(xi, p, c0, c1, outi, k)",
     ]
-    lines += ["        " + _or_bit(f"w{j}", f"row[q + np.uint64({j})]") for j in range(L)]
-    lines += [f"    outi[q + np.uint64({j}), k] = w{j}" for j in range(L)]
-    return lines
 
 
 def pack_short_source(lanes: int) -> list[str]:
@@ -79,6 +70,7 @@ def generate_pack() -> str:
         "import numpy as np",
         "",
         "from .._jit import jit",
+        "from .pack_lanes import pack_lanes",
         "",
         f"LANES = {PACK_LANES}",
     ]

@@ -2,265 +2,36 @@
 import numpy as np
 
 from .._jit import jit
+from .pack_lanes import pack_lanes
 
 LANES = (64, 32, 16)
+
+
+_PACK_64 = pack_lanes(64)
 
 
 @jit
 def pack_64(xi, p, c0, c1, outi, k):
     # xi (C, P) one image, P >= p + 64; outi (P, K) its words.
-    z = np.uint64(0)
-    w0 = w1 = w2 = w3 = w4 = w5 = w6 = w7 = w8 = w9 = w10 = w11 = w12 = w13 = w14 = w15 = w16 = w17 = w18 = w19 = w20 = w21 = w22 = w23 = w24 = w25 = w26 = w27 = w28 = w29 = w30 = w31 = w32 = w33 = w34 = w35 = w36 = w37 = w38 = w39 = w40 = w41 = w42 = w43 = w44 = w45 = w46 = w47 = w48 = w49 = w50 = w51 = w52 = w53 = w54 = w55 = w56 = w57 = w58 = w59 = w60 = w61 = w62 = w63 = z
-    q = np.uint64(p)
-    for ch in range(c0, c1):
-        bit = np.uint64(1) << np.uint64(ch - c0)
-        row = xi[ch]
-        w0 |= bit if row[q + np.uint64(0)] >= 0 else z
-        w1 |= bit if row[q + np.uint64(1)] >= 0 else z
-        w2 |= bit if row[q + np.uint64(2)] >= 0 else z
-        w3 |= bit if row[q + np.uint64(3)] >= 0 else z
-        w4 |= bit if row[q + np.uint64(4)] >= 0 else z
-        w5 |= bit if row[q + np.uint64(5)] >= 0 else z
-        w6 |= bit if row[q + np.uint64(6)] >= 0 else z
-        w7 |= bit if row[q + np.uint64(7)] >= 0 else z
-        w8 |= bit if row[q + np.uint64(8)] >= 0 else z
-        w9 |= bit if row[q + np.uint64(9)] >= 0 else z
-        w10 |= bit if row[q + np.uint64(10)] >= 0 else z
-        w11 |= bit if row[q + np.uint64(11)] >= 0 else z
-        w12 |= bit if row[q + np.uint64(12)] >= 0 else z
-        w13 |= bit if row[q + np.uint64(13)] >= 0 else z
-        w14 |= bit if row[q + np.uint64(14)] >= 0 else z
-        w15 |= bit if row[q + np.uint64(15)] >= 0 else z
-        w16 |= bit if row[q + np.uint64(16)] >= 0 else z
-        w17 |= bit if row[q + np.uint64(17)] >= 0 else z
-        w18 |= bit if row[q + np.uint64(18)] >= 0 else z
-        w19 |= bit if row[q + np.uint64(19)] >= 0 else z
-        w20 |= bit if row[q + np.uint64(20)] >= 0 else z
-        w21 |= bit if row[q + np.uint64(21)] >= 0 else z
-        w22 |= bit if row[q + np.uint64(22)] >= 0 else z
-        w23 |= bit if row[q + np.uint64(23)] >= 0 else z
-        w24 |= bit if row[q + np.uint64(24)] >= 0 else z
-        w25 |= bit if row[q + np.uint64(25)] >= 0 else z
-        w26 |= bit if row[q + np.uint64(26)] >= 0 else z
-        w27 |= bit if row[q + np.uint64(27)] >= 0 else z
-        w28 |= bit if row[q + np.uint64(28)] >= 0 else z
-        w29 |= bit if row[q + np.uint64(29)] >= 0 else z
-        w30 |= bit if row[q + np.uint64(30)] >= 0 else z
-        w31 |= bit if row[q + np.uint64(31)] >= 0 else z
-        w32 |= bit if row[q + np.uint64(32)] >= 0 else z
-        w33 |= bit if row[q + np.uint64(33)] >= 0 else z
-        w34 |= bit if row[q + np.uint64(34)] >= 0 else z
-        w35 |= bit if row[q + np.uint64(35)] >= 0 else z
-        w36 |= bit if row[q + np.uint64(36)] >= 0 else z
-        w37 |= bit if row[q + np.uint64(37)] >= 0 else z
-        w38 |= bit if row[q + np.uint64(38)] >= 0 else z
-        w39 |= bit if row[q + np.uint64(39)] >= 0 else z
-        w40 |= bit if row[q + np.uint64(40)] >= 0 else z
-        w41 |= bit if row[q + np.uint64(41)] >= 0 else z
-        w42 |= bit if row[q + np.uint64(42)] >= 0 else z
-        w43 |= bit if row[q + np.uint64(43)] >= 0 else z
-        w44 |= bit if row[q + np.uint64(44)] >= 0 else z
-        w45 |= bit if row[q + np.uint64(45)] >= 0 else z
-        w46 |= bit if row[q + np.uint64(46)] >= 0 else z
-        w47 |= bit if row[q + np.uint64(47)] >= 0 else z
-        w48 |= bit if row[q + np.uint64(48)] >= 0 else z
-        w49 |= bit if row[q + np.uint64(49)] >= 0 else z
-        w50 |= bit if row[q + np.uint64(50)] >= 0 else z
-        w51 |= bit if row[q + np.uint64(51)] >= 0 else z
-        w52 |= bit if row[q + np.uint64(52)] >= 0 else z
-        w53 |= bit if row[q + np.uint64(53)] >= 0 else z
-        w54 |= bit if row[q + np.uint64(54)] >= 0 else z
-        w55 |= bit if row[q + np.uint64(55)] >= 0 else z
-        w56 |= bit if row[q + np.uint64(56)] >= 0 else z
-        w57 |= bit if row[q + np.uint64(57)] >= 0 else z
-        w58 |= bit if row[q + np.uint64(58)] >= 0 else z
-        w59 |= bit if row[q + np.uint64(59)] >= 0 else z
-        w60 |= bit if row[q + np.uint64(60)] >= 0 else z
-        w61 |= bit if row[q + np.uint64(61)] >= 0 else z
-        w62 |= bit if row[q + np.uint64(62)] >= 0 else z
-        w63 |= bit if row[q + np.uint64(63)] >= 0 else z
-    outi[q + np.uint64(0), k] = w0
-    outi[q + np.uint64(1), k] = w1
-    outi[q + np.uint64(2), k] = w2
-    outi[q + np.uint64(3), k] = w3
-    outi[q + np.uint64(4), k] = w4
-    outi[q + np.uint64(5), k] = w5
-    outi[q + np.uint64(6), k] = w6
-    outi[q + np.uint64(7), k] = w7
-    outi[q + np.uint64(8), k] = w8
-    outi[q + np.uint64(9), k] = w9
-    outi[q + np.uint64(10), k] = w10
-    outi[q + np.uint64(11), k] = w11
-    outi[q + np.uint64(12), k] = w12
-    outi[q + np.uint64(13), k] = w13
-    outi[q + np.uint64(14), k] = w14
-    outi[q + np.uint64(15), k] = w15
-    outi[q + np.uint64(16), k] = w16
-    outi[q + np.uint64(17), k] = w17
-    outi[q + np.uint64(18), k] = w18
-    outi[q + np.uint64(19), k] = w19
-    outi[q + np.uint64(20), k] = w20
-    outi[q + np.uint64(21), k] = w21
-    outi[q + np.uint64(22), k] = w22
-    outi[q + np.uint64(23), k] = w23
-    outi[q + np.uint64(24), k] = w24
-    outi[q + np.uint64(25), k] = w25
-    outi[q + np.uint64(26), k] = w26
-    outi[q + np.uint64(27), k] = w27
-    outi[q + np.uint64(28), k] = w28
-    outi[q + np.uint64(29), k] = w29
-    outi[q + np.uint64(30), k] = w30
-    outi[q + np.uint64(31), k] = w31
-    outi[q + np.uint64(32), k] = w32
-    outi[q + np.uint64(33), k] = w33
-    outi[q + np.uint64(34), k] = w34
-    outi[q + np.uint64(35), k] = w35
-    outi[q + np.uint64(36), k] = w36
-    outi[q + np.uint64(37), k] = w37
-    outi[q + np.uint64(38), k] = w38
-    outi[q + np.uint64(39), k] = w39
-    outi[q + np.uint64(40), k] = w40
-    outi[q + np.uint64(41), k] = w41
-    outi[q + np.uint64(42), k] = w42
-    outi[q + np.uint64(43), k] = w43
-    outi[q + np.uint64(44), k] = w44
-    outi[q + np.uint64(45), k] = w45
-    outi[q + np.uint64(46), k] = w46
-    outi[q + np.uint64(47), k] = w47
-    outi[q + np.uint64(48), k] = w48
-    outi[q + np.uint64(49), k] = w49
-    outi[q + np.uint64(50), k] = w50
-    outi[q + np.uint64(51), k] = w51
-    outi[q + np.uint64(52), k] = w52
-    outi[q + np.uint64(53), k] = w53
-    outi[q + np.uint64(54), k] = w54
-    outi[q + np.uint64(55), k] = w55
-    outi[q + np.uint64(56), k] = w56
-    outi[q + np.uint64(57), k] = w57
-    outi[q + np.uint64(58), k] = w58
-    outi[q + np.uint64(59), k] = w59
-    outi[q + np.uint64(60), k] = w60
-    outi[q + np.uint64(61), k] = w61
-    outi[q + np.uint64(62), k] = w62
-    outi[q + np.uint64(63), k] = w63
+    _PACK_64(xi, p, c0, c1, outi, k)
+
+
+_PACK_32 = pack_lanes(32)
 
 
 @jit
 def pack_32(xi, p, c0, c1, outi, k):
     # xi (C, P) one image, P >= p + 32; outi (P, K) its words.
-    z = np.uint64(0)
-    w0 = w1 = w2 = w3 = w4 = w5 = w6 = w7 = w8 = w9 = w10 = w11 = w12 = w13 = w14 = w15 = w16 = w17 = w18 = w19 = w20 = w21 = w22 = w23 = w24 = w25 = w26 = w27 = w28 = w29 = w30 = w31 = z
-    q = np.uint64(p)
-    for ch in range(c0, c1):
-        bit = np.uint64(1) << np.uint64(ch - c0)
-        row = xi[ch]
-        w0 |= bit if row[q + np.uint64(0)] >= 0 else z
-        w1 |= bit if row[q + np.uint64(1)] >= 0 else z
-        w2 |= bit if row[q + np.uint64(2)] >= 0 else z
-        w3 |= bit if row[q + np.uint64(3)] >= 0 else z
-        w4 |= bit if row[q + np.uint64(4)] >= 0 else z
-        w5 |= bit if row[q + np.uint64(5)] >= 0 else z
-        w6 |= bit if row[q + np.uint64(6)] >= 0 else z
-        w7 |= bit if row[q + np.uint64(7)] >= 0 else z
-        w8 |= bit if row[q + np.uint64(8)] >= 0 else z
-        w9 |= bit if row[q + np.uint64(9)] >= 0 else z
-        w10 |= bit if row[q + np.uint64(10)] >= 0 else z
-        w11 |= bit if row[q + np.uint64(11)] >= 0 else z
-        w12 |= bit if row[q + np.uint64(12)] >= 0 else z
-        w13 |= bit if row[q + np.uint64(13)] >= 0 else z
-        w14 |= bit if row[q + np.uint64(14)] >= 0 else z
-        w15 |= bit if row[q + np.uint64(15)] >= 0 else z
-        w16 |= bit if row[q + np.uint64(16)] >= 0 else z
-        w17 |= bit if row[q + np.uint64(17)] >= 0 else z
-        w18 |= bit if row[q + np.uint64(18)] >= 0 else z
-        w19 |= bit if row[q + np.uint64(19)] >= 0 else z
-        w20 |= bit if row[q + np.uint64(20)] >= 0 else z
-        w21 |= bit if row[q + np.uint64(21)] >= 0 else z
-        w22 |= bit if row[q + np.uint64(22)] >= 0 else z
-        w23 |= bit if row[q + np.uint64(23)] >= 0 else z
-        w24 |= bit if row[q + np.uint64(24)] >= 0 else z
-        w25 |= bit if row[q + np.uint64(25)] >= 0 else z
-        w26 |= bit if row[q + np.uint64(26)] >= 0 else z
-        w27 |= bit if row[q + np.uint64(27)] >= 0 else z
-        w28 |= bit if row[q + np.uint64(28)] >= 0 else z
-        w29 |= bit if row[q + np.uint64(29)] >= 0 else z
-        w30 |= bit if row[q + np.uint64(30)] >= 0 else z
-        w31 |= bit if row[q + np.uint64(31)] >= 0 else z
-    outi[q + np.uint64(0), k] = w0
-    outi[q + np.uint64(1), k] = w1
-    outi[q + np.uint64(2), k] = w2
-    outi[q + np.uint64(3), k] = w3
-    outi[q + np.uint64(4), k] = w4
-    outi[q + np.uint64(5), k] = w5
-    outi[q + np.uint64(6), k] = w6
-    outi[q + np.uint64(7), k] = w7
-    outi[q + np.uint64(8), k] = w8
-    outi[q + np.uint64(9), k] = w9
-    outi[q + np.uint64(10), k] = w10
-    outi[q + np.uint64(11), k] = w11
-    outi[q + np.uint64(12), k] = w12
-    outi[q + np.uint64(13), k] = w13
-    outi[q + np.uint64(14), k] = w14
-    outi[q + np.uint64(15), k] = w15
-    outi[q + np.uint64(16), k] = w16
-    outi[q + np.uint64(17), k] = w17
-    outi[q + np.uint64(18), k] = w18
-    outi[q + np.uint64(19), k] = w19
-    outi[q + np.uint64(20), k] = w20
-    outi[q + np.uint64(21), k] = w21
-    outi[q + np.uint64(22), k] = w22
-    outi[q + np.uint64(23), k] = w23
-    outi[q + np.uint64(24), k] = w24
-    outi[q + np.uint64(25), k] = w25
-    outi[q + np.uint64(26), k] = w26
-    outi[q + np.uint64(27), k] = w27
-    outi[q + np.uint64(28), k] = w28
-    outi[q + np.uint64(29), k] = w29
-    outi[q + np.uint64(30), k] = w30
-    outi[q + np.uint64(31), k] = w31
+    _PACK_32(xi, p, c0, c1, outi, k)
+
+
+_PACK_16 = pack_lanes(16)
 
 
 @jit
 def pack_16(xi, p, c0, c1, outi, k):
     # xi (C, P) one image, P >= p + 16; outi (P, K) its words.
-    z = np.uint64(0)
-    w0 = w1 = w2 = w3 = w4 = w5 = w6 = w7 = w8 = w9 = w10 = w11 = w12 = w13 = w14 = w15 = z
-    q = np.uint64(p)
-    for ch in range(c0, c1):
-        bit = np.uint64(1) << np.uint64(ch - c0)
-        row = xi[ch]
-        w0 |= bit if row[q + np.uint64(0)] >= 0 else z
-        w1 |= bit if row[q + np.uint64(1)] >= 0 else z
-        w2 |= bit if row[q + np.uint64(2)] >= 0 else z
-        w3 |= bit if row[q + np.uint64(3)] >= 0 else z
-        w4 |= bit if row[q + np.uint64(4)] >= 0 else z
-        w5 |= bit if row[q + np.uint64(5)] >= 0 else z
-        w6 |= bit if row[q + np.uint64(6)] >= 0 else z
-        w7 |= bit if row[q + np.uint64(7)] >= 0 else z
-        w8 |= bit if row[q + np.uint64(8)] >= 0 else z
-        w9 |= bit if row[q + np.uint64(9)] >= 0 else z
-        w10 |= bit if row[q + np.uint64(10)] >= 0 else z
-        w11 |= bit if row[q + np.uint64(11)] >= 0 else z
-        w12 |= bit if row[q + np.uint64(12)] >= 0 else z
-        w13 |= bit if row[q + np.uint64(13)] >= 0 else z
-        w14 |= bit if row[q + np.uint64(14)] >= 0 else z
-        w15 |= bit if row[q + np.uint64(15)] >= 0 else z
-    outi[q + np.uint64(0), k] = w0
-    outi[q + np.uint64(1), k] = w1
-    outi[q + np.uint64(2), k] = w2
-    outi[q + np.uint64(3), k] = w3
-    outi[q + np.uint64(4), k] = w4
-    outi[q + np.uint64(5), k] = w5
-    outi[q + np.uint64(6), k] = w6
-    outi[q + np.uint64(7), k] = w7
-    outi[q + np.uint64(8), k] = w8
-    outi[q + np.uint64(9), k] = w9
-    outi[q + np.uint64(10), k] = w10
-    outi[q + np.uint64(11), k] = w11
-    outi[q + np.uint64(12), k] = w12
-    outi[q + np.uint64(13), k] = w13
-    outi[q + np.uint64(14), k] = w14
-    outi[q + np.uint64(15), k] = w15
+    _PACK_16(xi, p, c0, c1, outi, k)
 
 
 @jit
