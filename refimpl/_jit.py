@@ -12,7 +12,8 @@
 * SLP vectorizer on, loop vectorizer off, per kernel: with Numba's defaults the loop vectorizer
   split the popcount panel (when it was 128 named scalar accumulators) into reduction
   accumulators that spilled, and the kernel ran ~50x slower; SLP packs the unrolled scalar
-  code that is left (``_pack.py``'s step for images under 16 pixels) into vectors (docs/performance.md). Elementwise kernels ask for ``loop_vectorize=True`` (the epilogue says
+  code that is left (``_pack.py``'s step for images under 16 pixels) into vectors
+  (docs/performance.md). Elementwise kernels ask for ``loop_vectorize=True`` (the epilogue says
   why it is safe). Numba keeps SLP off by default because of a past miscompile (numba#8705):
   every kernel compiled here has a bit-exact test against a naive reference. Numba has no
   per-function option for either, so ``_Compiler`` sets them in ``numba.config`` for the length
