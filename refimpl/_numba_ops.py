@@ -2,6 +2,7 @@
 import math
 
 import numpy as np
+from numba import prange
 
 from ._jit import jit
 
@@ -98,6 +99,22 @@ def binary_f64(code, x, y):
     return F_f64(np.nan)  # unreachable: codes are validated at the boundary
 
 
+@jit(parallel=True)
+def measure_f64(codes, a, b, c, d, alpha, out):
+    # (rows, channels, size) counts -> out; one thread per (sample, channel) row, each
+    # writing its own output row: no sharing.
+    rows, channels, size = a.shape
+    for r in prange(rows * channels):
+        i = r // channels
+        ch = r - i * channels
+        for s in range(size):
+            a_ = unary_f64(codes[0], a[i, ch, s], alpha[0, ch])
+            d_ = unary_f64(codes[1], d[i, ch, s], alpha[1, ch])
+            b_ = unary_f64(codes[2], b[i, ch, s], alpha[2, ch])
+            c_ = unary_f64(codes[3], c[i, ch, s], alpha[3, ch])
+            out[i, ch, s] = binary_f64(codes[6], binary_f64(codes[4], a_, d_), binary_f64(codes[5], b_, c_))
+
+
 @jit
 def unary_f32(code, x, alpha):
     if code == 0:  # identity: x
@@ -170,3 +187,19 @@ def binary_f32(code, x, y):
     if code == 13:  # gauss_diff: exp(-(x-y)**2)
         return math.exp(-(x - y) ** F_f32(2.0))
     return F_f32(np.nan)  # unreachable: codes are validated at the boundary
+
+
+@jit(parallel=True)
+def measure_f32(codes, a, b, c, d, alpha, out):
+    # (rows, channels, size) counts -> out; one thread per (sample, channel) row, each
+    # writing its own output row: no sharing.
+    rows, channels, size = a.shape
+    for r in prange(rows * channels):
+        i = r // channels
+        ch = r - i * channels
+        for s in range(size):
+            a_ = unary_f32(codes[0], a[i, ch, s], alpha[0, ch])
+            d_ = unary_f32(codes[1], d[i, ch, s], alpha[1, ch])
+            b_ = unary_f32(codes[2], b[i, ch, s], alpha[2, ch])
+            c_ = unary_f32(codes[3], c[i, ch, s], alpha[3, ch])
+            out[i, ch, s] = binary_f32(codes[6], binary_f32(codes[4], a_, d_), binary_f32(codes[5], b_, c_))

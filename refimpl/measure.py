@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
-from ._jit import jit
-from ._numba_ops import binary_f32, binary_f64, unary_f32, unary_f64
+from ._numba_ops import measure_f32, measure_f64
 from .genome import Genome
 from .operators import UNARY
 
@@ -19,27 +17,6 @@ def default_alpha(genome: Genome, channels: int, dtype=np.float64) -> np.ndarray
         if UNARY[code].uses_alpha:
             alpha[slot] = UNARY[code].alpha_init
     return alpha
-
-
-def _make_kernel(unary, binary):
-    # One thread per (sample, channel) row, each writing its own output row: no sharing.
-    def kernel(codes, a, b, c, d, alpha, out):
-        rows, channels, size = a.shape
-        for r in prange(rows * channels):
-            i = r // channels
-            ch = r - i * channels
-            for s in range(size):
-                a_ = unary(codes[0], a[i, ch, s], alpha[0, ch])
-                d_ = unary(codes[1], d[i, ch, s], alpha[1, ch])
-                b_ = unary(codes[2], b[i, ch, s], alpha[2, ch])
-                c_ = unary(codes[3], c[i, ch, s], alpha[3, ch])
-                out[i, ch, s] = binary(codes[6], binary(codes[4], a_, d_), binary(codes[5], b_, c_))
-
-    return jit(parallel=True)(kernel)
-
-
-_measure_f64 = _make_kernel(unary_f64, binary_f64)
-_measure_f32 = _make_kernel(unary_f32, binary_f32)
 
 
 def measure(genome, a, b, c, d, alpha=None, dtype=np.float64) -> np.ndarray:
@@ -72,6 +49,6 @@ def measure(genome, a, b, c, d, alpha=None, dtype=np.float64) -> np.ndarray:
     alpha = np.ascontiguousarray(alpha, dtype=dtype)
     flat = [np.ascontiguousarray(v.reshape(shape[0], channels, -1), dtype=dtype) for v in counts]
     out = np.empty_like(flat[0])
-    kernel = _measure_f64 if dtype == np.float64 else _measure_f32
+    kernel = measure_f64 if dtype == np.float64 else measure_f32
     kernel(np.array(g.codes, dtype=np.int64), *flat, alpha, out)
     return out.reshape(shape)

@@ -48,3 +48,39 @@ def test_a_kernel_recompiles_when_a_helper_in_another_file_changes(tmp_path):
     bits.write_text(text.replace("return builder.ctpop(args[0])",
                                  "return builder.add(builder.ctpop(args[0]), args[0].type(1))"))
     assert _run(tmp_path)[1] == "4"
+
+
+# Counts the kernels this process compiles (cache loads are not compiles) while it evaluates a
+# measure in both dtypes.
+MEASURE_SCRIPT = """
+import numpy as np
+import numba.core.event as ev
+import refimpl
+compiled = []
+class Listener(ev.Listener):
+    def on_start(self, event):
+        compiled.append(event.data["dispatcher"].py_func.__qualname__)
+    def on_end(self, event):
+        pass
+ev.register("numba:compile", Listener())
+counts = np.ones((2, 3, 4))
+for dtype in (np.float64, np.float32):
+    assert refimpl.measure("baseline", counts, counts, counts, counts, dtype=dtype)[0, 0, 0] == 0
+print(",".join(sorted(set(compiled))) or "-")
+"""
+
+
+def test_a_second_process_loads_the_measure_kernels_from_the_cache(tmp_path):
+    # A kernel made by a closure over jitted functions missed Numba's cache in every process: its
+    # cache key held the pickled dispatchers, whose ids differ per process.
+    shutil.copytree(PACKAGE, tmp_path / "refimpl", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "PYTHONPATH")}
+
+    def compiled() -> str:
+        result = subprocess.run([sys.executable, "-c", MEASURE_SCRIPT], cwd=tmp_path, env=env, capture_output=True,
+                                text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    assert "measure_f64" in compiled(), "the first process compiles the kernels"
+    assert compiled() == "-"
