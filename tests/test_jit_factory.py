@@ -103,16 +103,35 @@ def _refimpl_modules():
             yield importlib.import_module(info.name)
 
 
-def test_every_dispatcher_of_the_package_was_made_by_the_factory():
+def _package_dispatchers() -> dict:
     dispatchers = {}
     for module in _refimpl_modules():
         for name, value in vars(module).items():
             if isinstance(value, numba.core.registry.CPUDispatcher) and value.py_func.__module__ == module.__name__:
                 dispatchers[f"{module.__name__}.{name}"] = value
+    return dispatchers
+
+
+def test_every_dispatcher_of_the_package_was_made_by_the_factory():
+    dispatchers = _package_dispatchers()
     assert "refimpl.engine.float_kernels.stem" in dispatchers and "refimpl.kernels.fma._fma_arrays" in dispatchers
     strays = sorted(name for name, d in dispatchers.items() if not _jit.compiled_here(d))
     assert strays == []
     assert not _jit.compiled_here(numba.njit(lambda x: x)), "the check can tell the two apart"
+
+
+def test_no_dispatcher_of_the_package_is_a_closure():
+    # Numba keys a closure's cache entry by its pickled cells, and a pickled dispatcher carries a
+    # per-process id: refimpl.measure's kernels, closures over the dtype's evaluators, missed the
+    # cache in every process (tests/test_kernel_cache.py checks that one directly).
+    dispatchers = _package_dispatchers()
+    assert "refimpl._numba_ops.measure_f64" in dispatchers
+    assert sorted(name for name, d in dispatchers.items() if d.py_func.__closure__) == []
+
+    def make(f):
+        return _jit.jit(lambda x: f(x))
+
+    assert make(dispatchers["refimpl._numba_ops.measure_f64"]).py_func.__closure__, "the check sees a closure"
 
 
 def _recorder(seen: list):
