@@ -53,11 +53,21 @@ def _nhwc_gather(P: int) -> list[str]:
     ]
 
 
+def _edge_copy(P: int, Q: int, indent: str) -> list[str]:
+    """An edge tile's counts from the per-thread block, pixel-major (``flat[p*Q + j]``), into
+    ``a``: only real pixels and channels."""
+    return [
+        f"{indent}for p in range(min({P}, n_pixels - first)):",
+        f"{indent}    for j in range(min({Q}, n_out - panel * {Q})):",
+        f"{indent}        a[(first - a_first + p) * n_out + panel * {Q} + j] = np.int32(flat[p * {Q} + j])",
+    ]
+
+
 def _nhwc_panels(P: int, Q: int) -> list[str]:
     """The panels, pixel-major: each pixel's Q counts are one vector (``outer_product``'s
     "channels" orientation), stored as Q consecutive int32. The tile's P pixels are consecutive
     rows of ``a`` unless it runs past the last pixel; padding channels are dropped."""
-    i1, i2, i3, i4 = _I1, _I2, _I3, _I4
+    i1, i2, i3 = _I1, _I2, _I3
     tile = outer_name(P, Q, "channels")
     return [
         f"{i1}for panel in range(panel0, panel1):",
@@ -67,9 +77,7 @@ def _nhwc_panels(P: int, Q: int) -> list[str]:
         f"{i2}else:",
         f"{i3}flat = block.reshape(-1)",
         f"{i3}{tile}(xt, np.int64(0), steps, wflat, wo, steps, flat, np.int64(0), np.int64({Q}))",
-        f"{i3}for p in range(min({P}, n_pixels - first)):",
-        f"{i4}for j in range(min({Q}, n_out - panel * {Q})):",
-        f"{i4}    a[(first - a_first + p) * n_out + panel * {Q} + j] = np.int32(flat[p * {Q} + j])",
+        *_edge_copy(P, Q, i3),
     ]
 
 
@@ -128,7 +136,8 @@ def _nhwc_sources(P: int, Q: int) -> list[str]:
 def _byte_lookup_panels(P: int, Q: int, call: str, pixels: str, channels: str) -> list[str]:
     """The panels of the nhwc tile on the paths without a vector popcount: ``call`` (a
     ``byte_dot`` block of ``pixels`` x ``channels``, with ``{out}``, ``{at}``, ``{ps}``, ``{qs}``
-    left open) over the tile, straight into ``a`` or, at the edges, into ``block``."""
+    left open) over the tile, straight into ``a`` or, at the edges, into ``block`` pixel-major
+    as the outer-product branch stores it."""
     i2, i3, i4 = _I2, _I3, _I4
     loops = [f"for pp in range(0, {P}, {pixels}):", f"    for qq in range(0, {Q}, {channels}):"]
     return [
@@ -143,10 +152,9 @@ def _byte_lookup_panels(P: int, Q: int, call: str, pixels: str, channels: str) -
         f"{i4}flat = block.reshape(-1)",
         f"{i4}{loops[0]}",
         f"{i4}{loops[1]}",
-        f"{i4}        " + call.format(out="flat", at=f"qq * {P} + pp", ps="1", qs=str(P)),
-        f"{i4}for p in range(min({P}, n_pixels - first)):",
-        f"{i4}    for j in range(min({Q}, n_out - panel * {Q})):",
-        f"{i4}        a[(first - a_first + p) * n_out + panel * {Q} + j] = np.int32(block[j, p])",
+        f"{i4}        " + call.replace("lanes_block(", "lanes_block_rows(").format(
+            out="flat", at=f"pp * {Q} + qq", ps=str(Q), qs="1"),
+        *_edge_copy(P, Q, i4),
         f"{i2}return",
     ]
 

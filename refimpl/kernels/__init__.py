@@ -20,5 +20,6 @@ their compile-time constant ``BYTE_LOOKUP`` says so, reading the same weight pan
 ``outer_product`` is the tile of the AVX-512 paths (an outer product of 64-bit words, 8 a
 512-bit vector). The other hand-written vector intrinsics: ``pack_lanes`` (the packing step of
 ``bits.pack_nchw``) and ``fma_tile`` (the engine stem's float32 tile). Writing them as LLVM
-vectors, not as named scalars for the SLP vectorizer, is what keeps their compile to a second.
+vectors, not as named scalars for the SLP vectorizer, is what keeps their compile to a second;
+``vector_ir`` holds the IR and typing helpers they share.
 """

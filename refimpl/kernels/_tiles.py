@@ -111,10 +111,10 @@ def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, firs
                 flat = block.reshape(-1)
                 for pp in range(0, 16, 4 * LANE_GROUPS):
                     for qq in range(0, 8, LANE_CHANNELS):
-                        lanes_block(xt, pp, 16, wflat, wo + qq, 1, 8, steps, flat, qq * 16 + pp, 1, 16)
+                        lanes_block_rows(xt, pp, 16, wflat, wo + qq, 1, 8, steps, flat, pp * 8 + qq, 8, 1)
                 for p in range(min(16, n_pixels - first)):
                     for j in range(min(8, n_out - panel * 8)):
-                        a[(first - a_first + p) * n_out + panel * 8 + j] = np.int32(block[j, p])
+                        a[(first - a_first + p) * n_out + panel * 8 + j] = np.int32(flat[p * 8 + j])
         return
     if k_words == 1:
         for p in range(16):

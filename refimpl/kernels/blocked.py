@@ -156,7 +156,8 @@ class ConvPlan:
                                                    _ints(dilation), _ints(self.buffer_padding), self.k_words)
         threads = numba.config.NUMBA_NUM_THREADS
         self.xscratch = np.empty((threads, kh * kw * self.k_words * P), dtype=np.uint64)
-        # The edge tiles' block: (Q, P) accumulators for nhwc, a flat int64 panel for nchw.
+        # The edge tiles' block: P*Q counts for nhwc (stored pixel-major, flat), a flat int64
+        # panel for nchw.
         self.bscratch = (np.empty((threads, Q, P), dtype=np.uint64) if layout == "nhwc"
                          else np.empty((threads, Q * P), dtype=np.int64))
         self.n_tiles = -(-(n_img * self.out_h * self.out_w) // P)

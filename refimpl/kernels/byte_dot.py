@@ -21,6 +21,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .. import isa
+from .vector_ir import I32 as _I32
+from .vector_ir import I64 as _I64
+from .vector_ir import as_i64, broadcast, is_counts_out, is_words
 
 # Paths that take this tile. The AVX-512 paths keep the outer-product tile of ``_tiles.py``: on
 # ``avx512bw`` its 512-bit lookup measured faster than this 256-bit tile (docs/performance.md).
@@ -38,15 +41,9 @@ BYTE_STEPS = 31    # steps a byte lane can count before it could overflow (31 * 
 # on 64 and 128 channels.)
 LANE_GROUPS, LANE_CHANNELS = 2, 4
 
-_I32 = ir.IntType(32)
-_I64 = ir.IntType(64)
 _V4 = ir.VectorType(_I64, LANES)
 _V32 = ir.VectorType(ir.IntType(8), 32)
 _V32_I16 = ir.VectorType(ir.IntType(16), 32)
-
-
-def _as_i64(builder, value):
-    return builder.sext(value, _I64) if value.type.width < 64 else value
 
 
 def _lane_sums(builder, bytes_):
@@ -61,11 +58,6 @@ def _lane_sums(builder, bytes_):
     while len(parts) > 1:
         parts = [builder.add(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
     return builder.zext(parts[0], _V4)
-
-
-def _broadcast(builder, word):
-    lane0 = builder.insert_element(ir.Constant(_V4, ir.Undefined), word, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(lane0, ir.Constant(_V4, ir.Undefined), ir.Constant(ir.VectorType(_I32, 4), [0] * 4))
 
 
 def _store_rows(builder, out, ooff, ps, value_of, G: int, Q: int):
@@ -95,7 +87,7 @@ def _lanes_block_codegen(G: int, Q: int, rows: bool = False):
         w = context.make_array(w_ty)(context, builder, args[3]).data
         out = context.make_array(out_ty)(context, builder, args[8]).data
         xoff, xstep, woff, wq, ws, steps, ooff, ps, qs = (
-            _as_i64(builder, args[i]) for i in (1, 2, 4, 5, 6, 7, 9, 10, 11))
+            as_i64(builder, args[i]) for i in (1, 2, 4, 5, 6, 7, 9, 10, 11))
         ctpop8 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32, [_V32]), "llvm.ctpop.v32i8")
 
         def const(v):
@@ -118,7 +110,7 @@ def _lanes_block_codegen(G: int, Q: int, rows: bool = False):
                       for g in range(G)]
                 wrow = builder.add(woff, builder.mul(s, ws))
                 for q in range(Q):
-                    wv = _broadcast(builder, builder.load(builder.gep(w, [builder.add(wrow, builder.mul(wq, const(q)))])))
+                    wv = broadcast(builder, builder.load(builder.gep(w, [builder.add(wrow, builder.mul(wq, const(q)))])), _V4)
                     for g in range(G):
                         bytes_ = builder.call(ctpop8, [builder.bitcast(builder.and_(xs[g], wv), _V32)])
                         builder.store(builder.add(builder.load(acc[g, q]), bytes_), acc[g, q])
@@ -140,14 +132,9 @@ def _lanes_block_codegen(G: int, Q: int, rows: bool = False):
     return codegen
 
 
-def _is_words(array) -> bool:
-    return isinstance(array, types.Array) and array.ndim == 1 and array.layout == "C" and array.dtype == types.uint64
-
-
 def _make_lanes_block(G: int, Q: int, rows: bool = False):
     def lanes_block(typingctx, x, xoff, xstep, w, woff, wq, ws, steps, out, ooff, ps, qs):
-        if not (_is_words(x) and _is_words(w) and isinstance(out, types.Array) and out.ndim == 1
-                and out.layout == "C" and out.dtype in (types.int32, types.int64, types.uint64)):
+        if not (is_words(x) and is_words(w) and is_counts_out(out)):
             return None
         return types.void(x, xoff, xstep, w, woff, wq, ws, steps, out, ooff, ps, qs), _lanes_block_codegen(G, Q, rows)
 

@@ -22,13 +22,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-_I32 = ir.IntType(32)
-_I64 = ir.IntType(64)
+from .vector_ir import I64 as _I64
+from .vector_ir import as_i64, broadcast
+
 _F32 = ir.FloatType()
-
-
-def _as_i64(builder, value):
-    return builder.sext(value, _I64) if value.type.width < 64 else value
 
 
 def _codegen(P: int, Q: int):
@@ -39,7 +36,7 @@ def _codegen(P: int, Q: int):
         col = context.make_array(col_ty)(context, builder, args[0])
         wk = context.make_array(wk_ty)(context, builder, args[1])
         y = context.make_array(y_ty)(context, builder, args[5])
-        p0, ps, o0 = (_as_i64(builder, args[i]) for i in (2, 3, 4))
+        p0, ps, o0 = (as_i64(builder, args[i]) for i in (2, 3, 4))
         n_inputs = cgutils.unpack_tuple(builder, col.shape, 2)[0]
         col_row, wk_row, y_row = (cgutils.unpack_tuple(builder, a.shape, 2)[1] for a in (col, wk, y))
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{Q}f32")
@@ -52,9 +49,7 @@ def _codegen(P: int, Q: int):
             col_k = builder.mul(k, col_row)
             for q in range(P):
                 x = builder.load(builder.gep(col.data, [builder.add(col_k, pixels[q])]))
-                lane0 = builder.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(_I32, 0))
-                xs = builder.shuffle_vector(lane0, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(_I32, Q), [0] * Q))
-                builder.store(builder.call(fma, [xs, w, builder.load(acc[q])]), acc[q])
+                builder.store(builder.call(fma, [broadcast(builder, x, vec), w, builder.load(acc[q])]), acc[q])
         for q in range(P):
             y_at = builder.gep(y.data, [builder.add(builder.mul(pixels[q], y_row), o0)])
             builder.store(builder.load(acc[q]), builder.bitcast(y_at, vec.as_pointer()), align=4)

@@ -31,19 +31,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-_I32 = ir.IntType(32)
-_I64 = ir.IntType(64)
+from .vector_ir import I64 as _I64
+from .vector_ir import as_i64, broadcast, is_counts_out, is_words
+
 ORIENTATIONS = ("channels", "pixels")
-
-
-def _as_i64(builder, value):
-    return builder.sext(value, _I64) if value.type.width < 64 else value
-
-
-def _broadcast(builder, word, lanes: int):
-    vec = ir.VectorType(_I64, lanes)
-    lane0 = builder.insert_element(ir.Constant(vec, ir.Undefined), word, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(lane0, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
 
 
 def _codegen(P: int, Q: int, orientation: str):
@@ -59,7 +50,7 @@ def _codegen(P: int, Q: int, orientation: str):
         x = context.make_array(x_ty)(context, builder, args[0]).data
         w = context.make_array(w_ty)(context, builder, args[3]).data
         out = context.make_array(out_ty)(context, builder, args[6]).data
-        xoff, stride, woff, steps, ooff, orow = (_as_i64(builder, args[i]) for i in (1, 2, 4, 5, 7, 8))
+        xoff, stride, woff, steps, ooff, orow = (as_i64(builder, args[i]) for i in (1, 2, 4, 5, 7, 8))
         ctpop = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec]), f"llvm.ctpop.v{width}i64")
 
         def const(v):
@@ -85,7 +76,7 @@ def _codegen(P: int, Q: int, orientation: str):
                 xrow = builder.add(xoff, s)
                 for p in range(P):
                     word = builder.load(builder.gep(x, [builder.add(xrow, builder.mul(stride, const(p)))]))
-                    accumulate(p, shared, _broadcast(builder, word, width))
+                    accumulate(p, shared, broadcast(builder, word, vec))
             else:
                 # The chunks of the step's input words, then chunk by chunk: a chunk meets every
                 # channel in a row, each weight broadcast once (SLP's order when this was scalar
@@ -97,7 +88,7 @@ def _codegen(P: int, Q: int, orientation: str):
                 for k in range(chunks):
                     for q in range(Q):
                         if k == 0:  # each weight broadcast where the first chunk first needs it
-                            words.append(_broadcast(builder, builder.load(builder.gep(w, [builder.add(wrow, const(q))])), width))
+                            words.append(broadcast(builder, builder.load(builder.gep(w, [builder.add(wrow, const(q))])), vec))
                         accumulate(q, shared, words[q], chunk=k)
         element = out.type.pointee
         row_type = ir.VectorType(element, width)
@@ -110,10 +101,6 @@ def _codegen(P: int, Q: int, orientation: str):
         return context.get_dummy_value()
 
     return codegen
-
-
-def _is_words(array) -> bool:
-    return isinstance(array, types.Array) and array.ndim == 1 and array.layout == "C" and array.dtype == types.uint64
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,8 +117,7 @@ def outer_product(pixels: int, channels: int, orientation: str):
 
     @intrinsic
     def tile(typingctx, x, xoff, stride, w, woff, steps, out, ooff, orow):
-        if not (_is_words(x) and _is_words(w) and isinstance(out, types.Array) and out.ndim == 1
-                and out.layout == "C" and out.dtype in (types.int32, types.int64, types.uint64)):
+        if not (is_words(x) and is_words(w) and is_counts_out(out)):
             return None
         if not all(isinstance(t, types.Integer) for t in (xoff, stride, woff, steps, ooff, orow)):
             return None

@@ -19,13 +19,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-_I32 = ir.IntType(32)
-_I64 = ir.IntType(64)
+from .vector_ir import I32 as _I32
+from .vector_ir import I64 as _I64
+from .vector_ir import as_i64, broadcast
+
 _F32 = ir.FloatType()
-
-
-def _as_i64(builder, value):
-    return builder.sext(value, _I64) if value.type.width < 64 else value
 
 
 def _codegen(L: int):
@@ -36,7 +34,7 @@ def _codegen(L: int):
         xi_ty, out_ty = signature.args[0], signature.args[4]
         xi = context.make_array(xi_ty)(context, builder, args[0])
         outi = context.make_array(out_ty)(context, builder, args[4])
-        p, c0, c1, k = (_as_i64(builder, args[i]) for i in (1, 2, 3, 5))
+        p, c0, c1, k = (as_i64(builder, args[i]) for i in (1, 2, 3, 5))
         x_row = cgutils.unpack_tuple(builder, xi.shape, 2)[1]
         out_row = cgutils.unpack_tuple(builder, outi.shape, 2)[1]
         acc = cgutils.alloca_once_value(builder, ir.Constant(words, None))
@@ -46,9 +44,8 @@ def _codegen(L: int):
             at = builder.add(builder.mul(builder.add(c0, r), x_row), p)
             values = builder.load(builder.bitcast(builder.gep(xi.data, [at]), floats.as_pointer()), align=4)
             bit = builder.shl(ir.Constant(_I64, 1), r)
-            lane0 = builder.insert_element(ir.Constant(words, ir.Undefined), bit, ir.Constant(_I32, 0))
-            bits = builder.shuffle_vector(lane0, ir.Constant(words, ir.Undefined), ir.Constant(ir.VectorType(_I32, L), [0] * L))
-            chosen = builder.select(builder.fcmp_ordered(">=", values, zero), bits, ir.Constant(words, None))
+            chosen = builder.select(builder.fcmp_ordered(">=", values, zero), broadcast(builder, bit, words),
+                                    ir.Constant(words, None))
             builder.store(builder.or_(builder.load(acc), chosen), acc)
         value = builder.load(acc)
         for j in range(L):
