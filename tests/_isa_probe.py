@@ -49,6 +49,24 @@ def _counts(asm):
     return {name: len(re.findall(pattern, asm)) for name, pattern in PATTERNS.items()}
 
 
+def _hottest_loop(asm) -> dict:
+    """Mnemonic counts of the basic block with the most popcount instructions (``vpshufb`` or
+    ``vpopcntq``): the tile's inner loop. ``stack``: its operands on the stack (spills)."""
+    blocks, current = [], None
+    for line in asm.splitlines():
+        if re.match(r"^(\.LBB\S+|\S+):", line):
+            current = []
+            blocks.append(current)
+        elif current is not None and line.strip() and not line.strip().startswith((".", "#")):
+            current.append(line.strip())
+    loop = max(blocks, key=lambda ins: sum(i.startswith(("vpshufb", "vpopcntq")) for i in ins), default=[])
+    counts = {}
+    for ins in loop:
+        counts[ins.split()[0]] = counts.get(ins.split()[0], 0) + 1
+    counts["stack"] = sum("(%rsp)" in ins or "(%rbp)" in ins for ins in loop)
+    return counts
+
+
 def _counts_match_naive() -> list[str]:
     rng = np.random.default_rng(7)
     failures = []
@@ -88,16 +106,19 @@ def _engine_tile_failures() -> list[str]:
 
 
 def probe() -> dict:
-    panel = getattr(_tiles, tiling.panel_function_name(16, 8))
+    panel_asm = _asm(getattr(_tiles, tiling.panel_function_name(16, 8)), tiling.PANEL_SIGNATURE)
+    tile_asm = _asm(getattr(_tiles, tiling.tile_function_name(16, 8)), tiling.TILE_FUNCTION_SIGNATURE,
+                    slp_vectorize=not BYTE_LOOKUP)
     pixels, channels = STEM_TILE
     stem = getattr(_tiles, f"stem_tile_{pixels}x{channels}")
     return {
         "path": isa.current_path(),
         "cpu_name": numba.config.CPU_NAME,
-        "panel": _counts(_asm(panel, tiling.PANEL_SIGNATURE)),
+        "panel": _counts(panel_asm),
+        "panel_loop": _hottest_loop(panel_asm),
         "byte_lookup": BYTE_LOOKUP,
-        "engine_tile": _counts(_asm(getattr(_tiles, tiling.tile_function_name(16, 8)), tiling.TILE_FUNCTION_SIGNATURE,
-                                    slp_vectorize=not BYTE_LOOKUP)),
+        "engine_tile": _counts(tile_asm),
+        "engine_loop": _hottest_loop(tile_asm),
         "engine_failures": _engine_tile_failures(),
         "stem": _counts(_asm(stem, "void(f4[:, ::1], f4[:, ::1], i8, i8, i8, f4[:, ::1])")),
         "stem_tile": [pixels, channels],

@@ -99,6 +99,18 @@ def test_avx2_panel_accumulates_256_bit_byte_lookups_with_no_avx512():
     assert asm["zmm"] == 0 and asm["scalar_popcnt"] == 0
 
 
+@pytest.mark.parametrize("kernel", ["engine_loop", "panel_loop"])
+def test_avx2_inner_loop_is_six_instructions_a_vector_on_nibble_split_inputs(kernel):
+    # refimpl/kernels/byte_dot.py: a step of a block is 8 (4 pixels, channel) vectors; each costs
+    # 2 vpand, 2 vpshufb, 2 vpaddb on the gather's nibble-split inputs and the panels' pre-shifted
+    # weights (4 channels' words and the same shifted, 8 broadcasts), and nothing spills. LLVM's
+    # own ctpop.v32i8 is 8 a vector (a shift and two masks of its own): 24 vpand, 8 shifts.
+    loop = _runnable("avx2")[kernel]
+    assert (loop.get("vpshufb"), loop.get("vpand"), loop.get("vpaddb")) == (16, 16, 16), loop
+    assert loop.get("vpbroadcastq") == 8 and not any(op.startswith("vpsrl") for op in loop), loop
+    assert loop["stack"] == 0, loop
+
+
 def test_portable_panel_uses_no_avx_registers():
     asm = _runnable("portable")["panel"]
     assert asm["ymm"] == 0 and asm["zmm"] == 0

@@ -142,7 +142,7 @@ def _byte_lookup_panels(P: int, Q: int, call: str, pixels: str, channels: str) -
     loops = [f"for pp in range(0, {P}, {pixels}):", f"    for qq in range(0, {Q}, {channels}):"]
     return [
         f"{i2}for panel in range(panel0, panel1):",
-        f"{i3}wo = panel * steps * {Q}",
+        f"{i3}wo = panel * steps * {Q} * NIBBLES",
         f"{i3}if first + {P} <= n_pixels and panel * {Q} + {Q} <= n_out:",
         f"{i4}{loops[0]}",
         f"{i4}{loops[1]}",
@@ -163,7 +163,7 @@ def _byte_lookup_lanes(P: int, Q: int) -> list[str]:
     """The nhwc tile on the paths without a vector popcount (a compile-time constant picks this
     branch): a tap-major gather, a step's pixels adjacent, and ``byte_dot.lanes_block``."""
     i1, i2, i3 = _I1, _I2, _I3
-    call = f"lanes_block(xt, pp, {P}, wflat, wo + qq, 1, {Q}, steps, {{out}}, {{at}}, {{ps}}, {{qs}})"
+    call = f"lanes_block(xt, pp, {P} * NIBBLES, wflat, wo + qq, 1, {Q} * NIBBLES, steps, {{out}}, {{at}}, {{ps}}, {{qs}})"
     return [
         f"{i1}if BYTE_LOOKUP:",
         f"{i2}for p in range({P}):",
@@ -172,7 +172,8 @@ def _byte_lookup_lanes(P: int, Q: int) -> list[str]:
         f"{i3}for t in range(n_taps):",
         f"{i3}    for k in range(np.uint64(k_words)):",
         f"{i3}        word = xflat[src + np.uint64(taps_off[t]) + k]",
-        f"{i3}        xt[(np.uint64(t) * np.uint64(k_words) + k) * np.uint64({P}) + np.uint64(p)] = word",
+        f"{i3}        store_input_word(xt, (np.uint64(t) * np.uint64(k_words) + k) * np.uint64({P} * NIBBLES) + np.uint64(p),",
+        f"{i3}                         np.uint64({P}), word)",
         f"{i3}        total += popcount(word)",
         f"{i3}px[p] = np.float32(total)",
     ] + _byte_lookup_panels(P, Q, call, "4 * LANE_GROUPS", "LANE_CHANNELS")
@@ -196,26 +197,27 @@ def _nchw_gather(P: int) -> list[str]:
     return [
         "@jit",
         f"def {gather}(xflat, k_words, taps_off, bases, first, xt):",
-        f"{i1}# im2col of pixels first .. first+{P - 1}: xt[(t*K + k)*{P} + p], tap-major, so that a",
-        f"{i1}# step's {P} input words are one vector load and each accumulator holds positions of",
-        f"{i1}# one channel, the nchw store layout.",
+        f"{i1}# im2col of pixels first .. first+{P - 1}: xt[(t*K + k)*{P}*NIBBLES + p], tap-major, so",
+        f"{i1}# that a step's {P} input words are one vector load and each accumulator holds positions",
+        f"{i1}# of one channel, the nchw store layout (byte_dot.store_input_word: split into nibbles on AVX2).",
         f"{i1}# One word per tap (64 channels) without the word loop, as in the nhwc tile.",
         f"{i1}n_taps = taps_off.shape[0]",
+        f"{i1}half = np.uint64({P})",
         f"{i1}if k_words == 1:",
         f"{i2}for t in range(n_taps):",
         f"{i3}off = np.uint64(taps_off[t])",
-        f"{i3}dst = np.uint64(t * {P})",
+        f"{i3}dst = np.uint64(t * {P} * NIBBLES)",
         f"{i3}for p in range({P}):",
-        f"{i3}    xt[dst + np.uint64(p)] = xflat[np.uint64(bases[first + p]) + off]",
+        f"{i3}    store_input_word(xt, dst + np.uint64(p), half, xflat[np.uint64(bases[first + p]) + off])",
         f"{i1}else:",
         f"{i2}# word k of the {P} pixels, one destination run at a time; unsigned indices (no",
         f"{i2}# negative-index wraparound): 3x faster than pixel by pixel with signed ones",
         f"{i2}for t in range(n_taps):",
         f"{i3}off = np.uint64(taps_off[t])",
         f"{i3}for k in range(np.uint64(k_words)):",
-        f"{i3}    dst = np.uint64(t * k_words * {P}) + k * np.uint64({P})",
+        f"{i3}    dst = (np.uint64(t * k_words) + k) * np.uint64({P} * NIBBLES)",
         f"{i3}    for p in range({P}):",
-        f"{i3}        xt[dst + np.uint64(p)] = xflat[np.uint64(bases[first + p]) + off + k]",
+        f"{i3}        store_input_word(xt, dst + np.uint64(p), half, xflat[np.uint64(bases[first + p]) + off + k])",
     ]
 
 
@@ -232,7 +234,8 @@ def _nchw_panel(P: int, Q: int) -> list[str]:
         f"{i1}if BYTE_LOOKUP:",
         f"{i2}for pp in range(0, {P}, 4 * LANE_GROUPS):",
         f"{i2}    for qq in range(0, {Q}, LANE_CHANNELS):",
-        f"{i2}        lanes_block(xt, pp, {P}, wflat, panel * steps * {Q} + qq, 1, {Q}, steps, out,",
+        f"{i2}        lanes_block(xt, pp, {P} * NIBBLES, wflat, panel * steps * {Q} * NIBBLES + qq, 1, {Q} * NIBBLES,",
+        f"{i2}                    steps, out,",
         f"{i2}                    (row0 + qq) * ld + col + pp, 1, ld)",
         f"{i2}return",
     ]
@@ -320,7 +323,7 @@ def generate_tiles() -> str:
         "",
         "from .._jit import jit",
         "from .bits import popcount",
-        "from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, lanes_block, lanes_block_rows",
+        "from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, NIBBLES, lanes_block, lanes_block_rows, store_input_word",
         "from .fma_tile import fma_tile",
         "from .outer_product import outer_product",
     ]

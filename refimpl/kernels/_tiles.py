@@ -5,7 +5,7 @@ from numba import prange
 
 from .._jit import jit
 from .bits import popcount
-from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, lanes_block, lanes_block_rows
+from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, NIBBLES, lanes_block, lanes_block_rows, store_input_word
 from .fma_tile import fma_tile
 from .outer_product import outer_product
 
@@ -15,26 +15,27 @@ _OUTER_16x8_PIXELS = outer_product(16, 8, 'pixels')
 
 @jit
 def gather_16_nchw(xflat, k_words, taps_off, bases, first, xt):
-    # im2col of pixels first .. first+15: xt[(t*K + k)*16 + p], tap-major, so that a
-    # step's 16 input words are one vector load and each accumulator holds positions of
-    # one channel, the nchw store layout.
+    # im2col of pixels first .. first+15: xt[(t*K + k)*16*NIBBLES + p], tap-major, so
+    # that a step's 16 input words are one vector load and each accumulator holds positions
+    # of one channel, the nchw store layout (byte_dot.store_input_word: split into nibbles on AVX2).
     # One word per tap (64 channels) without the word loop, as in the nhwc tile.
     n_taps = taps_off.shape[0]
+    half = np.uint64(16)
     if k_words == 1:
         for t in range(n_taps):
             off = np.uint64(taps_off[t])
-            dst = np.uint64(t * 16)
+            dst = np.uint64(t * 16 * NIBBLES)
             for p in range(16):
-                xt[dst + np.uint64(p)] = xflat[np.uint64(bases[first + p]) + off]
+                store_input_word(xt, dst + np.uint64(p), half, xflat[np.uint64(bases[first + p]) + off])
     else:
         # word k of the 16 pixels, one destination run at a time; unsigned indices (no
         # negative-index wraparound): 3x faster than pixel by pixel with signed ones
         for t in range(n_taps):
             off = np.uint64(taps_off[t])
             for k in range(np.uint64(k_words)):
-                dst = np.uint64(t * k_words * 16) + k * np.uint64(16)
+                dst = (np.uint64(t * k_words) + k) * np.uint64(16 * NIBBLES)
                 for p in range(16):
-                    xt[dst + np.uint64(p)] = xflat[np.uint64(bases[first + p]) + off + k]
+                    store_input_word(xt, dst + np.uint64(p), half, xflat[np.uint64(bases[first + p]) + off + k])
 
 
 @jit(slp_vectorize=not BYTE_LOOKUP)
@@ -44,7 +45,8 @@ def panel_16x8_nchw(xt, wflat, steps, panel, out, row0, ld, col):
     if BYTE_LOOKUP:
         for pp in range(0, 16, 4 * LANE_GROUPS):
             for qq in range(0, 8, LANE_CHANNELS):
-                lanes_block(xt, pp, 16, wflat, panel * steps * 8 + qq, 1, 8, steps, out,
+                lanes_block(xt, pp, 16 * NIBBLES, wflat, panel * steps * 8 * NIBBLES + qq, 1, 8 * NIBBLES,
+                            steps, out,
                             (row0 + qq) * ld + col + pp, 1, ld)
         return
     _OUTER_16x8_PIXELS(xt, np.int64(0), np.int64(16), wflat, panel * steps * 8, steps, out,
@@ -98,20 +100,21 @@ def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, firs
             for t in range(n_taps):
                 for k in range(np.uint64(k_words)):
                     word = xflat[src + np.uint64(taps_off[t]) + k]
-                    xt[(np.uint64(t) * np.uint64(k_words) + k) * np.uint64(16) + np.uint64(p)] = word
+                    store_input_word(xt, (np.uint64(t) * np.uint64(k_words) + k) * np.uint64(16 * NIBBLES) + np.uint64(p),
+                                     np.uint64(16), word)
                     total += popcount(word)
             px[p] = np.float32(total)
         for panel in range(panel0, panel1):
-            wo = panel * steps * 8
+            wo = panel * steps * 8 * NIBBLES
             if first + 16 <= n_pixels and panel * 8 + 8 <= n_out:
                 for pp in range(0, 16, 4 * LANE_GROUPS):
                     for qq in range(0, 8, LANE_CHANNELS):
-                        lanes_block_rows(xt, pp, 16, wflat, wo + qq, 1, 8, steps, a, (first - a_first + pp) * n_out + panel * 8 + qq, n_out, 1)
+                        lanes_block_rows(xt, pp, 16 * NIBBLES, wflat, wo + qq, 1, 8 * NIBBLES, steps, a, (first - a_first + pp) * n_out + panel * 8 + qq, n_out, 1)
             else:
                 flat = block.reshape(-1)
                 for pp in range(0, 16, 4 * LANE_GROUPS):
                     for qq in range(0, 8, LANE_CHANNELS):
-                        lanes_block_rows(xt, pp, 16, wflat, wo + qq, 1, 8, steps, flat, pp * 8 + qq, 8, 1)
+                        lanes_block_rows(xt, pp, 16 * NIBBLES, wflat, wo + qq, 1, 8 * NIBBLES, steps, flat, pp * 8 + qq, 8, 1)
                 for p in range(min(16, n_pixels - first)):
                     for j in range(min(8, n_out - panel * 8)):
                         a[(first - a_first + p) * n_out + panel * 8 + j] = np.int32(flat[p * 8 + j])

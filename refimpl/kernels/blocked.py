@@ -33,31 +33,33 @@ import numpy as np
 
 from .._jit import jit
 from . import _tiles
+from .byte_dot import NIBBLES, store_weight_word
 from .geometry import conv_output_size
 from .tiling import LAYOUTS, TILE_CHANNELS, TILE_PIXELS, kernel_name
 
 
 def weight_panels(wp: np.ndarray, channels: int = TILE_CHANNELS) -> np.ndarray:
-    """(O, KH, KW, K) words -> flat panels (ceil(O/Q), KH*KW, K, Q), zero words past O."""
+    """(O, KH, KW, K) words -> flat panels (ceil(O/Q), KH*KW, K, NIBBLES, Q), zero words past O
+    (``NIBBLES`` = 2 on AVX2: each step's Q words, then the same shifted down by 4; byte_dot.py)."""
     n_out, kh, kw, k_words = wp.shape
     n_panels = -(-n_out // channels)
-    panels = np.empty(n_panels * kh * kw * k_words * channels, dtype=np.uint64)
+    panels = np.empty(n_panels * kh * kw * k_words * NIBBLES * channels, dtype=np.uint64)
     _fill_weight_panels(np.ascontiguousarray(wp, dtype=np.uint64).reshape(n_out, kh * kw * k_words), channels, panels)
     return panels
 
 
 @jit
 def _fill_weight_panels(rows, channels, panels):
-    # rows (O, taps*K) -> panels[((panel*taps*K) + step)*Q + j] = rows[panel*Q + j, step], 0 past O.
-    # A loop: the counts API builds the panels on every call, and NumPy's pad-transpose-copy
-    # took 60 us for 512 channels.
+    # rows (O, taps*K) -> panels[((panel*taps*K) + step)*NIBBLES*Q + j] = rows[panel*Q + j, step],
+    # 0 past O. A loop: the counts API builds the panels on every call, and NumPy's
+    # pad-transpose-copy took 60 us for 512 channels.
     n_out, steps = rows.shape
-    for panel in range(panels.shape[0] // (steps * channels)):
+    for panel in range(panels.shape[0] // (steps * NIBBLES * channels)):
         for step in range(steps):
-            base = (panel * steps + step) * channels
+            base = (panel * steps + step) * NIBBLES * channels
             for j in range(channels):
                 o = panel * channels + j
-                panels[base + j] = rows[o, step] if o < n_out else np.uint64(0)
+                store_weight_word(panels, base + j, channels, rows[o, step] if o < n_out else np.uint64(0))
 
 
 def pixel_bases(n_img, h, w, stride, padding, out_h, out_w, k_words, pixels=TILE_PIXELS):
@@ -155,7 +157,8 @@ class ConvPlan:
         self.bases, self.taps_off = _window_layout(int(n_img), int(h), int(w), kh, kw, _ints(stride), _ints(padding),
                                                    _ints(dilation), _ints(self.buffer_padding), self.k_words)
         threads = numba.config.NUMBA_NUM_THREADS
-        self.xscratch = np.empty((threads, kh * kw * self.k_words * P), dtype=np.uint64)
+        # the tile's im2col: NIBBLES words per input word (byte_dot.store_input_word)
+        self.xscratch = np.empty((threads, kh * kw * self.k_words * P * NIBBLES), dtype=np.uint64)
         # The edge tiles' block: P*Q counts for nhwc (stored pixel-major, flat), a flat int64
         # panel for nchw.
         self.bscratch = (np.empty((threads, Q, P), dtype=np.uint64) if layout == "nhwc"

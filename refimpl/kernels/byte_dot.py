@@ -12,15 +12,23 @@ twice what AVX2 has (docs/performance.md).
 
 The IR is generic but for ``vpsadbw``, which LLVM does not find in the generic form: the same
 kernel is correct on any target LLVM has.
+
+On AVX2 the lookup itself is written out (``vpshufb``) over inputs stored split into nibbles
+(``NIBBLE_SPLIT``): the gather writes each input word's low nibbles and, ``P`` words later, its
+high nibbles shifted down, so a (4 pixels, channel) vector costs 2 ``vpand``, 2 ``vpshufb`` and 2
+``vpaddb`` instead of LLVM's 8-instruction ``ctpop.v32i8`` (its shift and two masks done once per
+input word, in the gather, instead of once per channel).
 """
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .. import isa
+from .._jit import jit
 from .vector_ir import I32 as _I32
 from .vector_ir import I64 as _I64
 from .vector_ir import as_i64, broadcast, is_counts_out, is_words
@@ -28,8 +36,14 @@ from .vector_ir import as_i64, broadcast, is_counts_out, is_words
 # Paths that take this tile. The AVX-512 paths keep the outer-product tile of ``_tiles.py``: on
 # ``avx512bw`` its 512-bit lookup measured faster than this 256-bit tile (docs/performance.md).
 BYTE_LOOKUP = isa.current_path() in ("avx2", "portable")
-# The AVX2 vpsadbw intrinsic where the target has it.
+# The AVX2 vpsadbw and vpshufb intrinsics where the target has them.
 _PSADBW = isa.current_path() == "avx2"
+# Inputs stored split into nibbles, and the lookup as vpshufb (the module docstring): AVX2 only.
+# ARM64's cnt.16b and the SSE2 bit-slice count take whole bytes, so the other paths store words.
+NIBBLE_SPLIT = _PSADBW
+NIBBLES = 2 if NIBBLE_SPLIT else 1  # words the gather stores per input word
+_LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
+_FOUR = np.uint64(4)
 
 LANES = 4          # 64-bit pixels per 256-bit vector
 BYTE_STEPS = 31    # steps a byte lane can count before it could overflow (31 * 8 = 248)
@@ -44,6 +58,43 @@ LANE_GROUPS, LANE_CHANNELS = 2, 4
 _V4 = ir.VectorType(_I64, LANES)
 _V32 = ir.VectorType(ir.IntType(8), 32)
 _V32_I16 = ir.VectorType(ir.IntType(16), 32)
+# Popcounts of 0..15, once per 128-bit lane (vpshufb looks up within lanes).
+_NIBBLE_COUNTS = ir.Constant(_V32, [bin(i).count("1") for i in range(16)] * 2)
+
+
+@jit
+def store_input_word(xt, at, half, word):
+    """Store an input word where the tile reads it: ``xt[at]`` on paths that count whole bytes;
+    with ``NIBBLE_SPLIT`` its low nibbles at ``xt[at]`` and its high nibbles, shifted down, at
+    ``xt[at + half]``."""
+    if NIBBLE_SPLIT:
+        xt[at] = word & _LOW_NIBBLES
+        xt[at + half] = (word >> _FOUR) & _LOW_NIBBLES
+    else:
+        xt[at] = word
+
+
+@jit
+def store_weight_word(panels, at, half, word):
+    """Store a weight word where the tile reads it: ``panels[at]``, and with ``NIBBLE_SPLIT`` the
+    word shifted down by 4 at ``panels[at + half]`` (its high nibbles, under the input's)."""
+    panels[at] = word
+    if NIBBLE_SPLIT:
+        panels[at + half] = word >> _FOUR
+
+
+def _byte_counts(builder, xs, w):
+    """<32 x i8>: the popcount of each byte of ``x AND w``. ``xs`` is the pixel vector, or with
+    ``NIBBLE_SPLIT`` the pair (low nibbles, high nibbles shifted down) and ``w`` the pair
+    (broadcast weight, the same shifted down by 4; ``store_weight_word``): two vpshufb lookups,
+    no masks."""
+    if not NIBBLE_SPLIT:
+        ctpop8 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32, [_V32]), "llvm.ctpop.v32i8")
+        return builder.call(ctpop8, [builder.bitcast(builder.and_(xs, w), _V32)])
+    pshufb = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32, [_V32, _V32]), "llvm.x86.avx2.pshuf.b")
+    low, high = (builder.call(pshufb, [_NIBBLE_COUNTS, builder.bitcast(builder.and_(x, v), _V32)])
+                 for x, v in zip(xs, w))
+    return builder.add(low, high)
 
 
 def _lane_sums(builder, bytes_):
@@ -88,8 +139,6 @@ def _lanes_block_codegen(G: int, Q: int, rows: bool = False):
         out = context.make_array(out_ty)(context, builder, args[8]).data
         xoff, xstep, woff, wq, ws, steps, ooff, ps, qs = (
             as_i64(builder, args[i]) for i in (1, 2, 4, 5, 6, 7, 9, 10, 11))
-        ctpop8 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32, [_V32]), "llvm.ctpop.v32i8")
-
         def const(v):
             return ir.Constant(_I64, v)
 
@@ -106,14 +155,23 @@ def _lanes_block_codegen(G: int, Q: int, rows: bool = False):
             with cgutils.for_range(builder, count) as step:
                 s = builder.add(first, step.index)
                 row = builder.gep(x, [builder.add(xoff, builder.mul(s, xstep))])
-                xs = [builder.load(builder.bitcast(builder.gep(row, [const(LANES * g)]), _V4.as_pointer()), align=8)
-                      for g in range(G)]
+
+                def pixels(at):
+                    return builder.load(builder.bitcast(builder.gep(row, [at]), _V4.as_pointer()), align=8)
+
+                xs = [pixels(const(LANES * g)) for g in range(G)]
+                if NIBBLE_SPLIT:  # the high nibbles half a step further
+                    half = builder.lshr(xstep, const(1))
+                    xs = [(low, pixels(builder.add(half, const(LANES * g)))) for g, low in enumerate(xs)]
                 wrow = builder.add(woff, builder.mul(s, ws))
                 for q in range(Q):
-                    wv = broadcast(builder, builder.load(builder.gep(w, [builder.add(wrow, builder.mul(wq, const(q)))])), _V4)
+                    at = builder.add(wrow, builder.mul(wq, const(q)))
+                    wv = broadcast(builder, builder.load(builder.gep(w, [at])), _V4)
+                    if NIBBLE_SPLIT:  # the word shifted down by 4, half a step further
+                        high = builder.load(builder.gep(w, [builder.add(at, builder.lshr(ws, const(1)))]))
+                        wv = (wv, broadcast(builder, high, _V4))
                     for g in range(G):
-                        bytes_ = builder.call(ctpop8, [builder.bitcast(builder.and_(xs[g], wv), _V32)])
-                        builder.store(builder.add(builder.load(acc[g, q]), bytes_), acc[g, q])
+                        builder.store(builder.add(builder.load(acc[g, q]), _byte_counts(builder, xs[g], wv)), acc[g, q])
             for gq in pairs:
                 builder.store(builder.add(builder.load(total[gq]), _lane_sums(builder, builder.load(acc[gq]))), total[gq])
         if rows:
@@ -141,7 +199,10 @@ def _make_lanes_block(G: int, Q: int, rows: bool = False):
     lanes_block.__doc__ = f"""out[ooff + p*ps + q*qs] = sum over s < steps of popcount(x[xoff + s*xstep + p] AND
     w[woff + q*wq + s*ws]), for p < {LANES * G}, q < {Q}: a block of binary dot products with the
     pixels in vector lanes (``x`` tap-major: a step's pixels adjacent) and each weight word
-    broadcast. ``x``, ``w``: C-contiguous uint64; ``out``: C-contiguous int32, int64 or uint64 (int32
+    broadcast. With ``NIBBLE_SPLIT``, x[xoff + s*xstep + p] holds the word's low nibbles and
+    x[xoff + s*xstep + xstep/2 + p] its high nibbles shifted down (``store_input_word``), and
+    w[woff + q*wq + s*ws + ws/2] the weight word shifted down by 4 (``store_weight_word``).
+    ``x``, ``w``: C-contiguous uint64; ``out``: C-contiguous int32, int64 or uint64 (int32
     truncates: counts are below 2**31). The caller keeps every index in range."""
     return intrinsic(lanes_block)
 
