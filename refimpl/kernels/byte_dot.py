@@ -21,6 +21,8 @@ input word, in the gather, instead of once per channel).
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from llvmlite import ir
 from numba import types
@@ -118,6 +120,17 @@ def _store_rows(builder, out, ooff, ps, value_of, G: int, Q: int):
     row_type = ir.VectorType(element, Q)
     for g in range(G):
         totals = [value_of(g, q) for q in range(Q)]
+        if element.width == 32 and Q == 4 and sys.byteorder == "little":
+            # int32 rows: channels 0, 1 and 2, 3 of a pixel side by side in one 64-bit lane each
+            # (counts are below 2**31), so a row is one shuffle of two vectors, not 7 instructions.
+            shift = ir.Constant(_V4, [32] * LANES)
+            low, high = (builder.or_(totals[q], builder.shl(totals[q + 1], shift)) for q in (0, 2))
+            for lane in range(LANES):
+                row = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(_I32, 2), [lane, LANES + lane]))
+                at = builder.add(ooff, builder.mul(ps, ir.Constant(_I64, LANES * g + lane)))
+                builder.store(builder.bitcast(row, row_type),
+                              builder.bitcast(builder.gep(out, [at]), row_type.as_pointer()), align=4)
+            continue
         for lane in range(LANES):
             row = ir.Constant(ir.VectorType(_I64, Q), ir.Undefined)
             for q in range(Q):
@@ -143,15 +156,13 @@ def _lanes_block_codegen(G: int, Q: int, rows: bool = False):
             return ir.Constant(_I64, v)
 
         pairs = [(g, q) for g in range(G) for q in range(Q)]
-        total = {gq: cgutils.alloca_once_value(builder, ir.Constant(_V4, None)) for gq in pairs}
         acc = {gq: cgutils.alloca_once(builder, _V32) for gq in pairs}
-        n_blocks = builder.udiv(builder.add(steps, const(BYTE_STEPS - 1)), const(BYTE_STEPS))
-        with cgutils.for_range(builder, n_blocks) as block:
+
+        def block_sums(first, count):
+            """Steps first .. first+count-1 (at most BYTE_STEPS) into byte accumulators, then
+            each (pixels, channel)'s 4 lane sums."""
             for gq in pairs:
                 builder.store(ir.Constant(_V32, None), acc[gq])
-            first = builder.mul(block.index, const(BYTE_STEPS))
-            left = builder.sub(steps, first)
-            count = builder.select(builder.icmp_unsigned("<", left, const(BYTE_STEPS)), left, const(BYTE_STEPS))
             with cgutils.for_range(builder, count) as step:
                 s = builder.add(first, step.index)
                 row = builder.gep(x, [builder.add(xoff, builder.mul(s, xstep))])
@@ -172,8 +183,22 @@ def _lanes_block_codegen(G: int, Q: int, rows: bool = False):
                         wv = (wv, broadcast(builder, high, _V4))
                     for g in range(G):
                         builder.store(builder.add(builder.load(acc[g, q]), _byte_counts(builder, xs[g], wv)), acc[g, q])
-            for gq in pairs:
-                builder.store(builder.add(builder.load(total[gq]), _lane_sums(builder, builder.load(acc[gq]))), total[gq])
+            return {gq: _lane_sums(builder, builder.load(acc[gq])) for gq in pairs}
+
+        def at_most_a_block(n):
+            return builder.select(builder.icmp_unsigned("<", n, const(BYTE_STEPS)), n, const(BYTE_STEPS))
+
+        # The first block apart from the others: windows of up to 31 steps (every layer up to 128
+        # channels, 3x3) keep no running totals, which would spill beside the 8 accumulators.
+        total = {gq: cgutils.alloca_once(builder, _V4) for gq in pairs}
+        for gq, value in block_sums(const(0), at_most_a_block(steps)).items():
+            builder.store(value, total[gq])
+        more = builder.udiv(builder.sub(builder.select(builder.icmp_unsigned(">", steps, const(0)), steps, const(1)),
+                                        const(1)), const(BYTE_STEPS))
+        with cgutils.for_range(builder, more) as block:
+            first = builder.mul(builder.add(block.index, const(1)), const(BYTE_STEPS))
+            for gq, value in block_sums(first, at_most_a_block(builder.sub(steps, first))).items():
+                builder.store(builder.add(builder.load(total[gq]), value), total[gq])
         if rows:
             _store_rows(builder, out, ooff, ps, lambda g, q: builder.load(total[g, q]), G, Q)
             return context.get_dummy_value()
