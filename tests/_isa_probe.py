@@ -19,10 +19,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import refimpl  # noqa: E402  (sets the target before anything compiles)
 from refimpl import isa  # noqa: E402
 from refimpl._jit import jit  # noqa: E402
+from refimpl.engine.float_kernels import STEM_CHANNELS, STEM_PIXELS  # noqa: E402
 from refimpl.kernels import _tiles, blocked, tiling  # noqa: E402
 from refimpl.kernels.bits import pack_nchw  # noqa: E402
 from refimpl.kernels.byte_dot import BYTE_LOOKUP  # noqa: E402
-from refimpl.kernels.tiling import STEM_TILE  # noqa: E402
 from verify import naive  # noqa: E402
 
 PATTERNS = {
@@ -109,7 +109,7 @@ def probe() -> dict:
     panel_asm = _asm(getattr(_tiles, tiling.panel_function_name(16, 8)), tiling.PANEL_SIGNATURE)
     tile_asm = _asm(getattr(_tiles, tiling.tile_function_name(16, 8)), tiling.TILE_FUNCTION_SIGNATURE,
                     slp_vectorize=not BYTE_LOOKUP)
-    pixels, channels = STEM_TILE
+    pixels, channels = STEM_PIXELS, STEM_CHANNELS
     stem = getattr(_tiles, f"stem_tile_{pixels}x{channels}")
     return {
         "path": isa.current_path(),

@@ -70,10 +70,11 @@ def test_popcount_intrinsic_lowers_to_ctpop():
     assert "llvm.ctpop.i64" in f.inspect_llvm(f.signatures[0])
 
 
-def test_stem_tile_computes_the_strided_pixels_matmul():
-    from refimpl.kernels.tiling import STEM_TILE
+@pytest.mark.parametrize("width", ["zmm", "ymm"])
+def test_stem_tile_computes_the_strided_pixels_matmul(width):
+    from refimpl.kernels.tiling import STEM_TILES
 
-    P, Q = STEM_TILE
+    P, Q = STEM_TILES[width]  # every shape of the generated module, whichever path runs here
     tile = getattr(_tiles, f"stem_tile_{P}x{Q}")
     rng = np.random.default_rng(1)
     positions = 3 + 5 * P

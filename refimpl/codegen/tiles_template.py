@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..kernels.tiling import (
     LAYOUTS,
-    STEM_TILE,
+    STEM_TILES,
     TILE_SHAPES,
     gather_function_name,
     kernel_name,
@@ -332,5 +332,6 @@ def generate_tiles() -> str:
                        for o in ("channels", "pixels")]
         for layout in LAYOUTS:
             out += ["", ""] + tile_kernel_source(pixels, channels, layout)
-    out += ["", ""] + stem_tile_source(*STEM_TILE)
+    for shape in STEM_TILES.values():
+        out += ["", ""] + stem_tile_source(*shape)
     return "\n".join(out) + "\n"

@@ -12,13 +12,15 @@ import numba
 import numpy as np
 from numba import prange
 
+from .. import isa
 from .._jit import jit
 from ..kernels import _tiles
 from ..kernels.bits import sign_word
 from ..kernels.fma import fma32
-from ..kernels.tiling import STEM_TILE, stem_tile_name
+from ..kernels.tiling import stem_tile, stem_tile_name
 
-STEM_PIXELS, STEM_CHANNELS = STEM_TILE
+# The tile for this path's vector width (kernels/tiling.py); any shape gives the same bits.
+STEM_PIXELS, STEM_CHANNELS = stem_tile(isa.current_path())
 _STEM_TILE = getattr(_tiles, stem_tile_name(STEM_PIXELS, STEM_CHANNELS))
 
 

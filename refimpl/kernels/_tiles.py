@@ -180,3 +180,13 @@ def stem_tile_8x32(col, wk, p0, ps, o0, y):
     # col (K, positions) im2col, wk (K, O), y (positions, O); the caller keeps the
     # pixels p0 + q*ps (q < 8) and the channels o0 .. o0+31 in range.
     _STEM_FMA_8x32(col, wk, p0, ps, o0, y)
+
+
+_STEM_FMA_4x16 = fma_tile(4, 16)
+
+
+@jit
+def stem_tile_4x16(col, wk, p0, ps, o0, y):
+    # col (K, positions) im2col, wk (K, O), y (positions, O); the caller keeps the
+    # pixels p0 + q*ps (q < 4) and the channels o0 .. o0+15 in range.
+    _STEM_FMA_4x16(col, wk, p0, ps, o0, y)

@@ -12,9 +12,17 @@ TILE_PIXELS, TILE_CHANNELS = TILE_SHAPES[0]
 # Store layouts of ``a``: (N, O, Ho*Wo) int64 for the counts API, (N, Ho*Wo, O) int32 for the engine.
 LAYOUTS = ("nchw", "nhwc")
 
-# (pixels, output channels) of the engine stem's float32 tile: 16 zmm accumulators (measured best
-# of 8x16, 16x16, 12x16, 4x32, 6x32).
-STEM_TILE = (8, 32)
+# (pixels, output channels) of the engine stem's float32 tile, by vector width: on AVX-512 16 zmm
+# accumulators (measured best of 8x16, 16x16, 12x16, 4x32, 6x32); on the 256-bit and narrower
+# paths 8 ymm (8 x 32 needs 32 ymm and spilled: 4 x 16 ran the tile 1.5x faster with AVX2 forced,
+# of 8x32, 8x16, 6x16, 4x16, 4x32, 3x32, 2x32, 12x8; 6 x 16 was as fast but leaves 4 of 1024
+# pixels to the scalar loop).
+STEM_TILES = {"zmm": (8, 32), "ymm": (4, 16)}
+
+
+def stem_tile(path: str) -> tuple[int, int]:
+    """The stem tile's (pixels, channels) for a kernel path of refimpl/isa.py."""
+    return STEM_TILES["zmm" if path.startswith("avx512") else "ymm"]
 
 # Pixels per packing step, widest first (bits._pack_nchw_kernel takes the widest that fits).
 # Narrow steps read each channel row a few bytes at a time, 4 KB apart: 64 lanes were the
