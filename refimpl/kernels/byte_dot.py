@@ -10,8 +10,8 @@ summed (``vpsadbw``), which leaves 4 pixels' counts. The outer product of the AV
 ``ctpop.v4i64`` costs a ``vpsadbw`` per vector and its 16 x 8 accumulators need 32 ymm registers,
 twice what AVX2 has (docs/performance.md).
 
-The IR is generic but for ``vpsadbw``, which LLVM does not find in the generic form: the same
-kernel is correct on any target LLVM has.
+On AVX2 the IR calls ``vpsadbw``, which LLVM does not find in the generic form, and the nibble
+lookup below; on every other path it is generic IR, correct on any target LLVM has.
 
 On AVX2 the lookup itself is written out (``vpshufb``) over inputs stored split into nibbles
 (``NIBBLE_SPLIT``): the gather writes each input word's low nibbles and, ``P`` words later, its
@@ -152,6 +152,7 @@ def _lanes_block_codegen(G: int, Q: int, rows: bool = False):
         out = context.make_array(out_ty)(context, builder, args[8]).data
         xoff, xstep, woff, wq, ws, steps, ooff, ps, qs = (
             as_i64(builder, args[i]) for i in (1, 2, 4, 5, 6, 7, 9, 10, 11))
+
         def const(v):
             return ir.Constant(_I64, v)
 
@@ -193,6 +194,7 @@ def _lanes_block_codegen(G: int, Q: int, rows: bool = False):
         total = {gq: cgutils.alloca_once(builder, _V4) for gq in pairs}
         for gq, value in block_sums(const(0), at_most_a_block(steps)).items():
             builder.store(value, total[gq])
+        # the blocks after the first: (steps - 1) // 31, none for 0 to 31 steps
         more = builder.udiv(builder.sub(builder.select(builder.icmp_unsigned(">", steps, const(0)), steps, const(1)),
                                         const(1)), const(BYTE_STEPS))
         with cgutils.for_range(builder, more) as block:
