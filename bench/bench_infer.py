@@ -9,14 +9,16 @@ engine, ...) so that load from other processes hits both alike; times are median
   statistics set from random data), baseline measure, whole network from normalized float32
   input to logits.
 * torch: ``bnn.models.resnet18(binary=False)`` (the same shapes with ``nn.Conv2d``), eval,
-  ``torch.inference_mode()``, channels_last.
+  ``torch.inference_mode()``, channels_last. Its vector ISA is printed: with the engine forced
+  below AVX-512 on an AVX-512 host, ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` hold
+  torch to AVX2 too, for the ratio an AVX2 machine would see (docs/performance.md).
 
 Then per-layer engine timings, and the binary GEMMs alone against the popcount ceiling: one
 binary MAC is one bit of ``popcount(x AND w)``, counted nominally (N*Ho*Wo * O * C*KH*KW); the
 ceiling is that of the kernel path in use (``refimpl/isa.py``; ``REFIMPL_ISA`` forces one),
 measured in this run by ``bench/popcount_peak.c`` (bench_counts.py does the same); without gcc,
 or if its build fails, the line says why and no ratio is printed. ``--json`` adds one JSON line
-with the headline numbers and ``isa_path``. "GEMM alone" is the two-pass path's
+with the headline numbers, ``isa_path`` and ``torch_cpu_capability``. "GEMM alone" is the two-pass path's
 GEMM (``_UnitStep.run_gemm``: counts ``a`` written to memory, image group by image group); where
 a layer runs fused (GEMM and epilogue per tile, most layers at batch 64), its own GEMM is inside
 the layer time and not separable, so the layer time minus this column only estimates what the
@@ -64,6 +66,22 @@ def build_models(seed: int = 0):
             m(x)
         models[binary] = m.eval()
     return models[True], models[False], export_model
+
+
+def torch_isa_line() -> str:
+    """Which vector ISA torch's kernels use; beside an engine held to AVX2 on an AVX-512 host, how
+    to hold torch to AVX2 too (docs/performance.md: the ratio an AVX2 machine would see)."""
+    import torch
+
+    from refimpl import isa
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    line = f"torch CPU capability {capability}" + (f", ONEDNN_MAX_CPU_ISA={onednn}" if onednn else "")
+    if not isa.current_path().startswith("avx512") and capability.startswith("AVX512") and not onednn:
+        line += ("  (torch runs AVX-512 code beside a lower engine path: for an AVX2 machine's ratio set "
+                 "ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 as well)")
+    return line
 
 
 def median(times) -> float:
@@ -197,6 +215,7 @@ def _speed_table(args, eng, float_model, xb, x1) -> dict:
           f"{platform.python_version()}, numba {numba.__version__}, torch {torch.__version__}, "
           f"threading layer {numba.threading_layer()}")
     print(f"{info.path_line()}; paths this CPU can execute: {', '.join(isa.executable_paths())}")
+    print(torch_isa_line())
     print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}  (timings are only "
           "comparable on a quiet machine; both sides share whatever load there was)")
     print(f"threads: {args.threads}; binary ResNet-18, CIFAR 32x32, baseline measure; medians\n")
@@ -214,7 +233,8 @@ def _speed_table(args, eng, float_model, xb, x1) -> dict:
     print(f"{'torch float32 channels_last':28s} {c1t:13.3f} ms {cit:18.0f}")
     print(f"{'speed-up':28s} {c1t / c1e:15.1f}x {cie / cit:17.1f}x")
 
-    return {"isa_path": isa.current_path(), "cpu": cpu_name(), "threads": args.threads, "batch": args.batch,
+    return {"isa_path": isa.current_path(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu": cpu_name(), "threads": args.threads, "batch": args.batch,
             "engine_ms_batch1": b1e, "torch_ms_batch1": b1t, "engine_images_per_s": ipe,
             "torch_images_per_s": ipt, "speedup_batch1": b1t / b1e, "speedup_batch": ipe / ipt,
             "load_average": list(load)}
