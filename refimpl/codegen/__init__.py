@@ -9,7 +9,8 @@ One template module per generated file:
 * ``pack_template.py`` -> ``refimpl/kernels/_pack.py``: the bit-packing steps of
   ``bits.pack_nchw``;
 * ``epilogue_template.py``: the engine's fused epilogue of one genome, generated at run time
-  into a cache folder (``refimpl/engine/epilogue.py``), not into the package.
+  into a cache folder (``refimpl/engine/epilogue.py``), not into the package; and
+  ``refimpl/engine/_drivers.py``, the parallel loops that run every genome's epilogue tasks.
 
 Run ``python -m refimpl.codegen`` after changing a template or its source; a test fails while a
 generated file is stale. The files are generated (not built at import with ``exec``) because
@@ -22,6 +23,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .epilogue_template import generate_drivers
 from .ops_template import generate_ops
 from .pack_template import generate_pack
 from .tiles_template import generate_tiles
@@ -29,7 +31,8 @@ from .tiles_template import generate_tiles
 PACKAGE = Path(__file__).resolve().parent.parent
 
 # Generated file (relative to refimpl/) -> its generator.
-TARGETS = {"_numba_ops.py": generate_ops, "kernels/_tiles.py": generate_tiles, "kernels/_pack.py": generate_pack}
+TARGETS = {"_numba_ops.py": generate_ops, "kernels/_tiles.py": generate_tiles, "kernels/_pack.py": generate_pack,
+           "engine/_drivers.py": generate_drivers}
 
 
 def main(argv: list[str] | None = None) -> int:

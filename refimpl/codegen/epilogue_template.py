@@ -18,7 +18,9 @@ Two forms per residual mode: ``epilogue_<mode>`` reads ``a`` and ``px`` that the
 memory; ``fused_<mode>`` runs the GEMM itself, one tile of pixels at a time
 (``refimpl.kernels._tiles.tile_16x8_nhwc``), and consumes the tile's counts while they are in
 L1, in one parallel region per layer instead of two per group of images (faster than the two
-passes together: docs/performance.md).
+passes together: docs/performance.md). A genome module holds each as a serial task over a range
+of tasks (``<kernel>_task``); the parallel loop that runs it is ``generate_drivers``'s, one for
+every genome (``refimpl/engine/task_call.py`` says why: a third of the compile per genome).
 
 Why generate: ``refimpl.measure`` dispatches on the operator codes per element (an ``if`` chain
 of 18 + 14 branches, called 7 times); here the genome's formula is composed once from the
@@ -62,9 +64,10 @@ def measure_expression(genome) -> str:
     return to_numba(tree)
 
 
-# Explicit signatures, each compiled on the kernel's first use (engine/epilogue.py's ``kernel``):
-# a model runs one or two of the six, and each costs 1.5-5 s of compile per genome. The engine
-# always passes C-contiguous arrays.
+# The arguments of each kernel, compiled on its first use (engine/epilogue.py's ``kernel``; the
+# task takes its range first, the driver the task's address and its number of parts): a model
+# runs one or two of the six, at 1-2 s of compile each per genome. The engine always passes
+# C-contiguous arrays.
 # a (N, P, O) int32; px (N, P); pw, npw (P, O); alpha (4, O); scale, shift (O,)
 _COMMON = "i4[:, :, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1]"
 _TAIL = "f4[:, :, ::1], u8[:, :, :, ::1], b1, i8, i8, i8, i8"
@@ -211,14 +214,26 @@ def _module_head(g: Genome) -> list[str]:
     ]
 
 
+def _epilogue_parameters(mode: str) -> str:
+    return f"a, px, pw, npw, alpha, scale, shift{_MODES[mode][0]}, out, bits, pack, width, pad_h, pad_w, chunk"
+
+
+def _fused_parameters(mode: str) -> str:
+    gemm_args = "xflat, wflat, k_words, taps_off, bases" + (", wflat2, taps_off2, bases2" if mode == "down" else "")
+    scratch = "xscratch, bscratch, ascratch" + (", ascratch2" if mode == "down" else "") + ", pxscratch"
+    return (f"{gemm_args}, {scratch}, pw, npw, alpha, scale, shift{_MODES[mode][0].replace(', a2, px2', '')}, out, bits,"
+            " pack, width, pad_h, pad_w")
+
+
 def _epilogue_function(mode: str) -> list[str]:
-    """``epilogue_<mode>``: the epilogue of the counts a GEMM left in memory."""
+    """``epilogue_<mode>_task``: tasks task0 .. task1-1 of the epilogue of the counts a GEMM left
+    in memory (``refimpl/engine/_drivers.py``'s ``epilogue_<mode>`` runs them in parallel)."""
     extra, form = _MODES[mode]
     body = [
         "",
         "",
-        "@jit(parallel=True, loop_vectorize=True)",
-        f"def epilogue_{mode}(a, px, pw, npw, alpha, scale, shift{extra}, out, bits, pack, width, pad_h, pad_w, chunk):",
+        "@jit(loop_vectorize=True)",
+        f"def epilogue_{mode}_task(task0, task1, {_epilogue_parameters(mode)}):",
         "    # Channels last: a (N, P, O) int32; px (N, P), pw and npw = n - pw (P, O) float32;",
         "    # out (N, P, O); bits (N, Hp, Wp, K) uint64 with zero borders, written when pack is True.",
         "    # A task owns one image and ``chunk`` pixels, all their channels: it alone writes",
@@ -231,7 +246,7 @@ def _epilogue_function(mode: str) -> list[str]:
     if mode == "down":
         body += [f"    {line}" for line in _alphas("2")]
     body += [
-        "    for task in prange(n_img * chunks):",
+        "    for task in range(task0, task1):",
         "        i = task // chunks",
         "        p0 = (task - i * chunks) * chunk",
         "        for p in range(p0, min(positions, p0 + chunk)):",
@@ -244,10 +259,9 @@ def _epilogue_function(mode: str) -> list[str]:
 
 
 def _fused_function(mode: str) -> list[str]:
-    """``fused_<mode>``: the GEMM and the epilogue, tile by tile, in one parallel loop."""
+    """``fused_<mode>_task``: tiles tile0 .. tile1-1 of the GEMM and the epilogue
+    (``refimpl/engine/_drivers.py``'s ``fused_<mode>`` runs them in parallel)."""
     extra, form = _MODES[mode]
-    gemm_args = "xflat, wflat, k_words, taps_off, bases" + (", wflat2, taps_off2, bases2" if mode == "down" else "")
-    scratch = "xscratch, bscratch, ascratch" + (", ascratch2" if mode == "down" else "") + ", pxscratch"
     # np.int64(0), not 0: Numba types a literal argument as Literal[int](0) and compiled the tile
     # once more for it (7 s a process) beside the driver's call (tiles_template.py does the same).
     tile_call = "{tile}(xflat, {w}, k_words, {taps}, {bases}, n_out, n_pixels, first, np.int64(0), n_panels, xscratch[tid], bscratch[tid], {a}, first, {px})"
@@ -256,9 +270,9 @@ def _fused_function(mode: str) -> list[str]:
         "",
         # No signature: compiled on first use (SIGNATURES above).
         # SLP would re-pack the byte-lookup tile inlined here (refimpl/kernels/byte_dot.py).
-        "@jit(parallel=True, loop_vectorize=True, slp_vectorize=not BYTE_LOOKUP)",
-        f"def fused_{mode}({gemm_args}, {scratch}, pw, npw, alpha, scale, shift{extra.replace(', a2, px2', '')}, out, bits, pack, width, pad_h, pad_w):",
-        "    # The popcount GEMM and the epilogue in one parallel loop: a task is one tile of",
+        "@jit(loop_vectorize=True, slp_vectorize=not BYTE_LOOKUP)",
+        f"def fused_{mode}_task(tile0, tile1, {_fused_parameters(mode)}):",
+        "    # The popcount GEMM and the epilogue in one loop: a task is one tile of",
         f"    # {TILE_PIXELS} pixels with all their channels; its int32 ``a`` rows go to a per-thread block",
         "    # (ascratch, a few KB, in L1) and are consumed at once, never written to memory.",
         "    n_img, positions, n_out = out.shape",
@@ -270,17 +284,21 @@ def _fused_function(mode: str) -> list[str]:
     if mode == "down":
         body += [f"    {line}" for line in _alphas("2")]
     body += [
-        f"    for tile in prange((n_pixels + {TILE_PIXELS - 1}) // {TILE_PIXELS}):",
-        "        tid = numba.get_thread_id()",
+        "    # this thread's scratch (a task runs on one thread of the driver's parallel loop)",
+        "    tid = numba.get_thread_id()",
+        "    at = ascratch[tid]",
+        "    pxt = pxscratch[tid]",
+    ]
+    if mode == "down":
+        body += ["    at2 = ascratch2[tid]"]
+    body += [
+        "    for tile in range(tile0, tile1):",
         f"        first = tile * {TILE_PIXELS}",
-        "        at = ascratch[tid]",
-        "        pxt = pxscratch[tid]",
         "        " + tile_call.format(tile=_TILE, w="wflat", taps="taps_off", bases="bases", a="at",
                                       px=f"pxt[:{TILE_PIXELS}]"),
     ]
     if mode == "down":
         body += [
-            "        at2 = ascratch2[tid]",
             "        " + tile_call.format(tile=_TILE, w="wflat2", taps="taps_off2", bases="bases2", a="at2",
                                           px=f"pxt[{TILE_PIXELS}:]"),
         ]
@@ -294,6 +312,56 @@ def _fused_function(mode: str) -> list[str]:
         body += ["            arow2 = at2[q * n_out:(q + 1) * n_out]"]
     body += [f"            {line}" for line in _pixel(mode, form, fused=True)]
     return body
+
+
+def task_signature(name: str) -> str:
+    """The one signature of ``<name>_task`` in a genome module: the task range, then the kernel's
+    arguments (``SIGNATURES``)."""
+    return "void(i8, i8, " + SIGNATURES[name][len("void("):]
+
+
+def driver_signature(name: str) -> str:
+    """The one signature of the driver ``name`` of ``refimpl/engine/_drivers.py``: the task's
+    address, the number of parts, then the kernel's arguments."""
+    return "void(i8, i8, " + SIGNATURES[name][len("void("):]
+
+
+def _driver(name: str, parameters: str, counting: list[str]) -> list[str]:
+    return [
+        "",
+        "",
+        "@jit(parallel=True)",
+        f"def {name}(task, parts, {parameters}):",
+        f"    # ``task``: the address of a genome module's {name}_task (refimpl/engine/task_call.py),",
+        "    # called once for each of ``parts`` equal runs of the tasks (a few per thread).",
+        *[f"    {line}" for line in counting],
+        "    parts = max(1, min(n_tasks, parts))",
+        "    for part in prange(parts):",
+        "        call_task(task, np.int64(n_tasks * part // parts), np.int64(n_tasks * (part + 1) // parts),",
+        f"                  {parameters})",
+    ]
+
+
+def generate_drivers() -> str:
+    """The text of ``refimpl/engine/_drivers.py``: the parallel loop of each kernel of a genome
+    module, compiled once for every genome (refimpl/engine/task_call.py says why)."""
+    out = [
+        '"""GENERATED by ``python -m refimpl.codegen`` from ``refimpl/codegen/epilogue_template.py``: do not edit."""',
+        "import numpy as np",
+        "from numba import prange",
+        "",
+        "from .._jit import jit",
+        "from .task_call import call_task",
+    ]
+    for mode in _MODES:
+        out += _driver(f"epilogue_{mode}", _epilogue_parameters(mode), [
+            "n_img, positions, n_out = a.shape",
+            "n_tasks = n_img * ((positions + chunk - 1) // chunk)  # (image, chunk of pixels)"])
+    for mode in _MODES:
+        out += _driver(f"fused_{mode}", _fused_parameters(mode), [
+            "n_img, positions, n_out = out.shape",
+            f"n_tasks = (n_img * positions + {TILE_PIXELS - 1}) // {TILE_PIXELS}  # tiles of {TILE_PIXELS} pixels"])
+    return "\n".join(out) + "\n"
 
 
 def generate(genome) -> str:

@@ -15,14 +15,23 @@ temp folder serves the process, with a one-line warning.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
 import tempfile
 import types
 
-from ..codegen.epilogue_template import SIGNATURES, generate
+from ..codegen.epilogue_template import driver_signature, generate, task_signature
 from ..genome import Genome
+from . import _drivers
+from .float_kernels import RUN_THREADS
+from .task_call import native_address
+
+# Runs of a kernel's tasks per thread, one call of the task each. Numba hands each thread an
+# equal share of the runs, so more runs than threads only add calls (64 runs instead of 4 a
+# thread cost 2-8% of a 64-channel layer at batch 1).
+PARTS_PER_THREAD = 4
 
 
 def cache_dir() -> str:
@@ -33,16 +42,46 @@ def cache_dir() -> str:
     return os.path.join(base, "bnn-measure")
 
 
-def kernel(module, name: str):
-    """``module.<name>`` (``epilogue_<mode>`` or ``fused_<mode>``), compiled (or loaded from
-    Numba's cache) for its one signature on first use: a model runs only some of a module's
-    kernels, at 1.5-5 s of compile each. Further compiles are disabled, so arguments of other
-    types raise instead of compiling a slow variant."""
-    fn = getattr(module, name)
-    if not fn.signatures:
-        fn.compile(SIGNATURES[name])
-        fn.disable_compile()
+@functools.lru_cache(maxsize=None)
+def _driver(name: str):
+    """The parallel loop ``name`` of ``_drivers.py``, compiled (or loaded from Numba's cache) once
+    for every genome, for its one signature."""
+    fn = getattr(_drivers, name)
+    fn.compile(driver_signature(name))
+    fn.disable_compile()
     return fn
+
+
+def kernel(module, name: str):
+    """The kernel ``name`` (``epilogue_<mode>`` or ``fused_<mode>``) of a genome's module: the
+    generic parallel loop of ``_drivers.py`` over the module's serial ``<name>_task``
+    (refimpl/engine/task_call.py says why), called with the kernel's arguments. The task is
+    compiled (or loaded from Numba's cache) on first use, as a model runs only some of a
+    module's kernels (1-2 s of compile each). Task and driver each have one signature, the same
+    argument types, and further compiles disabled: arguments of other types raise instead of
+    reaching the task with a layout it was not compiled for."""
+    kernels = module.__dict__.setdefault("_KERNELS", {})
+    if name not in kernels:
+        task = getattr(module, f"{name}_task")
+        if not task.signatures:
+            task.compile(task_signature(name))
+            task.disable_compile()
+        kernels[name] = _Kernel(_driver(name), native_address(task))
+    return kernels[name]
+
+
+class _Kernel:
+    """A genome's kernel: its driver with the task's address and the run's thread count."""
+
+    __slots__ = ("driver", "task")
+
+    def __init__(self, driver, task: int):
+        self.driver, self.task = driver, task
+
+    def __call__(self, *args):
+        # RUN_THREADS: the engine reads Numba's thread count once a run (asking costs a lock);
+        # the driver cannot ask, as a kernel that does is not cached.
+        self.driver(self.task, PARTS_PER_THREAD * RUN_THREADS[0], *args)
 
 
 _LOADED: dict[str, object] = {}

@@ -1,0 +1,47 @@
+"""Calling a genome's compiled serial task from the one generic parallel driver of its kind.
+
+A genome's epilogue kernels (``refimpl/codegen/epilogue_template.py``) were Numba parallel loops,
+and Numba lowers a parallel loop into three libraries (the loop body as a gufunc, its wrapper,
+the caller), in each of which LLVM optimizes and emits the inlined tile and epilogue again: 3.4-4.3
+s of compile per kernel and genome against 1.2 s for the same loop serial (docs/performance.md).
+So each genome module now holds serial tasks (``<kernel>_task(first, last, ...)``: tasks
+``first .. last-1``), and the parallel loop lives once, in ``refimpl/engine/_drivers.py``,
+compiled and cached once for every genome. A driver receives the task as the machine address
+of its compiled code, an ``int64``, and calls it with Numba's own calling convention
+(``call_task``): passing the task as a first-class function instead cost 7-37 us a call in
+Python's dispatch, more than the parallel loop itself at batch 1.
+
+The address is only valid for a task compiled with exactly the driver's argument types:
+``refimpl/engine/epilogue.py``'s ``kernel`` compiles both from one signature and disables
+further compiles, so arguments of other types raise instead of reaching a mismatched call.
+"""
+from __future__ import annotations
+
+from numba import types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def call_task(typingctx, address, *args):
+    """Call the compiled function at ``address`` (an int64, ``native_address``) with ``args``,
+    in Numba's calling convention; it returns nothing and raises nothing (the tasks index only in
+    bounds and use NumPy's error model)."""
+    if not isinstance(address, types.Integer):
+        return None
+    signature = types.void(address, types.StarArgTuple.from_types(args))
+
+    def codegen(context, builder, sig, llargs):
+        arg_types = list(sig.args[1].types)
+        values = [builder.extract_value(llargs[1], i) for i in range(len(arg_types))]
+        function = context.call_conv.get_function_type(types.void, arg_types).as_pointer()
+        context.call_conv.call_function(builder, builder.inttoptr(llargs[0], function), types.void, arg_types, values)
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+def native_address(dispatcher) -> int:
+    """The address of the machine code of ``dispatcher``'s one compiled overload (not its
+    Python or C wrapper): what ``call_task`` calls."""
+    (result,) = dispatcher.overloads.values()
+    return result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
