@@ -50,12 +50,11 @@ def test_a_kernel_recompiles_when_a_helper_in_another_file_changes(tmp_path):
     assert _run(tmp_path)[1] == "4"
 
 
-# Counts the kernels this process compiles (cache loads are not compiles) while it evaluates a
-# measure in both dtypes.
-MEASURE_SCRIPT = """
+# Every script below records the kernels its process compiles (cache loads are not compiles)
+# and prints their names, or "-".
+LISTENER = """
 import numpy as np
 import numba.core.event as ev
-import refimpl
 compiled = []
 class Listener(ev.Listener):
     def on_start(self, event):
@@ -63,42 +62,23 @@ class Listener(ev.Listener):
     def on_end(self, event):
         pass
 ev.register("numba:compile", Listener())
-counts = np.ones((2, 3, 4))
-for dtype in (np.float64, np.float32):
-    assert refimpl.measure("baseline", counts, counts, counts, counts, dtype=dtype)[0, 0, 0] == 0
+"""
+PRINT_COMPILED = """
 print(",".join(sorted(set(compiled))) or "-")
 """
 
-
-def test_a_second_process_loads_the_measure_kernels_from_the_cache(tmp_path):
-    # A kernel made by a closure over jitted functions missed Numba's cache in every process: its
-    # cache key held the pickled dispatchers, whose ids differ per process.
-    shutil.copytree(PACKAGE, tmp_path / "refimpl", ignore=shutil.ignore_patterns("__pycache__"))
-    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "PYTHONPATH")}
-
-    def compiled() -> str:
-        result = subprocess.run([sys.executable, "-c", MEASURE_SCRIPT], cwd=tmp_path, env=env, capture_output=True,
-                                text=True, timeout=600)
-        assert result.returncode == 0, result.stderr
-        return result.stdout.strip()
-
-    assert "measure_f64" in compiled(), "the first process compiles the kernels"
-    assert compiled() == "-"
-
+# Evaluates a measure in both dtypes.
+MEASURE_SCRIPT = """
+import refimpl
+counts = np.ones((2, 3, 4))
+for dtype in (np.float64, np.float32):
+    assert refimpl.measure("baseline", counts, counts, counts, counts, dtype=dtype)[0, 0, 0] == 0
+"""
 
 # Runs the baseline's two-pass epilogue kernel (its serial task under the generic parallel
-# driver, refimpl/engine/task_call.py) and lists what this process compiled.
+# driver, refimpl/engine/task_call.py).
 EPILOGUE_SCRIPT = """
-import numpy as np
-import numba.core.event as ev
 from refimpl.engine import epilogue
-compiled = []
-class Listener(ev.Listener):
-    def on_start(self, event):
-        compiled.append(event.data["dispatcher"].py_func.__qualname__)
-    def on_end(self, event):
-        pass
-ev.register("numba:compile", Listener())
 a = np.full((1, 1, 1), 3, np.int32)
 px, pw, npw = (np.full((1, 1), v, np.float32) for v in (5, 4, 6))
 out = np.zeros((1, 1, 1), np.float32)
@@ -106,23 +86,37 @@ epilogue.kernel(epilogue.load("baseline"), "epilogue_none")(
     a, px, pw, npw, np.ones((4, 1), np.float32), np.ones(1, np.float32), np.zeros(1, np.float32), out,
     np.zeros((1, 1, 1, 1), np.uint64), False, 1, 0, 0, 1)
 assert out[0, 0, 0] == 4  # XNOR of a, b, c, d = 3, 1, 2, 4
-print(",".join(sorted(set(compiled))) or "-")
 """
+
+
+def _compiles_in_a_fresh_copy(tmp_path, script: str, **env_extra):
+    """A function that runs ``script`` in a new process over a copy of the package (its own Numba
+    cache, empty at first) and returns the names of the kernels that process compiled."""
+    shutil.copytree(PACKAGE, tmp_path / "refimpl", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "PYTHONPATH")}
+    env.update(env_extra)
+
+    def compiled() -> str:
+        result = subprocess.run([sys.executable, "-c", LISTENER + script + PRINT_COMPILED], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    return compiled
+
+
+def test_a_second_process_loads_the_measure_kernels_from_the_cache(tmp_path):
+    # A kernel made by a closure over jitted functions missed Numba's cache in every process: its
+    # cache key held the pickled dispatchers, whose ids differ per process.
+    compiled = _compiles_in_a_fresh_copy(tmp_path, MEASURE_SCRIPT)
+    assert "measure_f64" in compiled(), "the first process compiles the kernels"
+    assert compiled() == "-"
 
 
 def test_a_second_process_loads_the_epilogue_driver_and_task_from_the_cache(tmp_path):
     # The driver is compiled once for every genome only if Numba can cache it: a kernel that
     # asks Numba for its thread count, or holds a dynamic address, is never cached.
-    shutil.copytree(PACKAGE, tmp_path / "refimpl", ignore=shutil.ignore_patterns("__pycache__"))
-    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "PYTHONPATH")}
-    env["BNN_MEASURE_CACHE"] = str(tmp_path / "epilogues")
-
-    def compiled() -> str:
-        result = subprocess.run([sys.executable, "-c", EPILOGUE_SCRIPT], cwd=tmp_path, env=env, capture_output=True,
-                                text=True, timeout=600)
-        assert result.returncode == 0, result.stderr
-        return result.stdout.strip()
-
+    compiled = _compiles_in_a_fresh_copy(tmp_path, EPILOGUE_SCRIPT, BNN_MEASURE_CACHE=str(tmp_path / "epilogues"))
     first = compiled().split(",")
     assert "epilogue_none" in first and "epilogue_none_task" in first, first
     assert compiled() == "-"
