@@ -61,10 +61,10 @@ def test_engine_tile_with_vector_popcount_keeps_the_outer_product():
     assert result["engine_tile"]["vpopcntq_zmm"] >= 16
 
 
-def test_avx512bw_engine_tile_is_the_512_bit_byte_lookup():
+def test_avx512bw_engine_tile_accumulates_byte_lookups_in_zmm():
     result = _runnable("avx512bw")
-    assert result["byte_lookup"] is False
-    assert result["engine_tile"]["vpshufb_zmm"] >= 16 and result["engine_tile"]["vpopcntq_zmm"] == 0
+    assert result["byte_lookup"] is True
+    assert result["engine_tile"]["vpshufb_zmm"] >= 32 and result["engine_tile"]["vpopcntq_zmm"] == 0
 
 
 def test_portable_engine_tile_uses_no_avx_registers():
@@ -100,14 +100,18 @@ def test_avx2_panel_accumulates_256_bit_byte_lookups_with_no_avx512():
 
 
 @pytest.mark.parametrize("kernel", ["engine_loop", "panel_loop"])
-def test_avx2_inner_loop_is_six_instructions_a_vector_on_nibble_split_inputs(kernel):
-    # refimpl/kernels/byte_dot.py: a step of a block is 8 (4 pixels, channel) vectors; each costs
-    # 2 vpand, 2 vpshufb, 2 vpaddb on the gather's nibble-split inputs and the panels' pre-shifted
-    # weights (4 channels' words and the same shifted, 8 broadcasts), and nothing spills. LLVM's
-    # own ctpop.v32i8 is 8 a vector (a shift and two masks of its own): 24 vpand, 8 shifts.
-    loop = _runnable("avx2")[kernel]
-    assert (loop.get("vpshufb"), loop.get("vpand"), loop.get("vpaddb")) == (16, 16, 16), loop
-    assert loop.get("vpbroadcastq") == 8 and not any(op.startswith("vpsrl") for op in loop), loop
+@pytest.mark.parametrize("path,vectors,pand", [("avx2", 8, "vpand"), ("avx512bw", 16, "vpandq")])
+def test_byte_lookup_inner_loop_is_six_instructions_a_vector_on_nibble_split_inputs(kernel, path, vectors, pand):
+    # refimpl/kernels/byte_dot.py: a step of a block is 8 (4 pixels, channel) ymm vectors on AVX2,
+    # 16 (8 pixels, channel) zmm vectors on AVX-512BW; each costs 2 vpand, 2 vpshufb, 2 vpaddb on
+    # the gather's nibble-split inputs and the panels' pre-shifted weights (each channel's word
+    # and the same shifted: two broadcasts a channel), and nothing spills. LLVM's own ctpop.v32i8
+    # is 8 a vector (a shift and two masks of its own); the AVX-512BW outer product's ctpop.v8i64
+    # 9 (its lookup, a vpsadbw and a 64-bit add).
+    loop = _runnable(path)[kernel]
+    assert (loop.get("vpshufb"), loop.get(pand), loop.get("vpaddb")) == (2 * vectors,) * 3, loop
+    assert not any(op.startswith(("vpsrl", "vpsadbw")) for op in loop), loop
+    assert loop.get("vpbroadcastq") == vectors, loop
     assert loop["stack"] == 0, loop
 
 

@@ -176,7 +176,7 @@ def _byte_lookup_lanes(P: int, Q: int) -> list[str]:
         f"{i3}                         np.uint64({P}), word)",
         f"{i3}        total += popcount(word)",
         f"{i3}px[p] = np.float32(total)",
-    ] + _byte_lookup_panels(P, Q, call, "4 * LANE_GROUPS", "LANE_CHANNELS")
+    ] + _byte_lookup_panels(P, Q, call, "LANES * LANE_GROUPS", "LANE_CHANNELS")
 
 
 def tile_kernel_source(pixels: int, channels: int, layout: str = "nchw") -> list[str]:
@@ -232,7 +232,7 @@ def _nchw_panel(P: int, Q: int) -> list[str]:
         f"{i1}# out[(row0 + j)*ld + col :][:{P}], {P} consecutive positions (vector stores).",
         # Without a vector popcount: byte_dot's blocks over the same tap-major xt.
         f"{i1}if BYTE_LOOKUP:",
-        f"{i2}for pp in range(0, {P}, 4 * LANE_GROUPS):",
+        f"{i2}for pp in range(0, {P}, LANES * LANE_GROUPS):",
         f"{i2}    for qq in range(0, {Q}, LANE_CHANNELS):",
         f"{i2}        lanes_block(xt, pp, {P} * NIBBLES, wflat, panel * steps * {Q} * NIBBLES + qq, 1, {Q} * NIBBLES,",
         f"{i2}                    steps, out,",
@@ -323,7 +323,7 @@ def generate_tiles() -> str:
         "",
         "from .._jit import jit",
         "from .bits import popcount",
-        "from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, NIBBLES, lanes_block, lanes_block_rows, store_input_word",
+        "from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, LANES, NIBBLES, lanes_block, lanes_block_rows, store_input_word",
         "from .fma_tile import fma_tile",
         "from .outer_product import outer_product",
     ]

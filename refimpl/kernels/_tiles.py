@@ -5,7 +5,7 @@ from numba import prange
 
 from .._jit import jit
 from .bits import popcount
-from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, NIBBLES, lanes_block, lanes_block_rows, store_input_word
+from .byte_dot import BYTE_LOOKUP, LANE_CHANNELS, LANE_GROUPS, LANES, NIBBLES, lanes_block, lanes_block_rows, store_input_word
 from .fma_tile import fma_tile
 from .outer_product import outer_product
 
@@ -43,7 +43,7 @@ def panel_16x8_nchw(xt, wflat, steps, panel, out, row0, ld, col):
     # The 16x8 tile of one panel: channel j of the panel goes to
     # out[(row0 + j)*ld + col :][:16], 16 consecutive positions (vector stores).
     if BYTE_LOOKUP:
-        for pp in range(0, 16, 4 * LANE_GROUPS):
+        for pp in range(0, 16, LANES * LANE_GROUPS):
             for qq in range(0, 8, LANE_CHANNELS):
                 lanes_block(xt, pp, 16 * NIBBLES, wflat, panel * steps * 8 * NIBBLES + qq, 1, 8 * NIBBLES,
                             steps, out,
@@ -107,12 +107,12 @@ def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, firs
         for panel in range(panel0, panel1):
             wo = panel * steps * 8 * NIBBLES
             if first + 16 <= n_pixels and panel * 8 + 8 <= n_out:
-                for pp in range(0, 16, 4 * LANE_GROUPS):
+                for pp in range(0, 16, LANES * LANE_GROUPS):
                     for qq in range(0, 8, LANE_CHANNELS):
                         lanes_block_rows(xt, pp, 16 * NIBBLES, wflat, wo + qq, 1, 8 * NIBBLES, steps, a, (first - a_first + pp) * n_out + panel * 8 + qq, n_out, 1)
             else:
                 flat = block.reshape(-1)
-                for pp in range(0, 16, 4 * LANE_GROUPS):
+                for pp in range(0, 16, LANES * LANE_GROUPS):
                     for qq in range(0, 8, LANE_CHANNELS):
                         lanes_block_rows(xt, pp, 16 * NIBBLES, wflat, wo + qq, 1, 8 * NIBBLES, steps, flat, pp * 8 + qq, 8, 1)
                 for p in range(min(16, n_pixels - first)):
