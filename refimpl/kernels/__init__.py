@@ -14,11 +14,12 @@ Layers, from the bits up (each module imports only those above it):
   recycled output blocks) and ``counts`` (``counts_conv2d``, ``counts_dense``).
 
 Kernels for one instruction set (refimpl/isa.py's paths) live here too: ``byte_dot`` is the
-popcount tile of the ``avx2`` and ``portable`` paths (4 pixels a 256-bit vector, byte-lane
-counts, in generic LLVM vector IR); the generated tiles (engine and counts API) take it when
-their compile-time constant ``BYTE_LOOKUP`` says so, reading the same weight panels;
-``outer_product`` is the tile of the AVX-512 paths (an outer product of 64-bit words, 8 a
-512-bit vector). The other hand-written vector intrinsics: ``pack_lanes`` (the packing step of
+popcount tile of the paths without a vector popcount, ``avx512bw``, ``avx2`` and ``portable``
+(8 or 4 pixels a vector, byte-lane counts, ``vpshufb`` on nibble-split inputs on x86, generic
+LLVM vector IR elsewhere); the generated tiles (engine and counts API) take it when their
+compile-time constant ``BYTE_LOOKUP`` says so, reading the same weight panels;
+``outer_product`` is the tile of the ``avx512-vpopcntdq`` path (an outer product of 64-bit
+words, 8 a 512-bit vector). The other hand-written vector intrinsics: ``pack_lanes`` (the packing step of
 ``bits.pack_nchw``) and ``fma_tile`` (the engine stem's float32 tile). Writing them as LLVM
 vectors, not as named scalars for the SLP vectorizer, is what keeps their compile to a second;
 ``vector_ir`` holds the IR and typing helpers they share.
