@@ -37,6 +37,9 @@ PATTERNS = {
     "fma_ymm": r"vfmadd\w*ps\s+[^\n]*%ymm",
     "fma_scalar": r"vfmadd\w*ss",
     "fmaf_call": r"call\w*\s+[^\n]*fmaf",
+    # ARM64 (the portable path there): NEON byte popcounts and fused multiply-adds
+    "cnt_16b": r"\bcnt\s+v\d+\.16b",
+    "fmla_4s": r"\bfmla\s+v\d+\.4s",
 }
 
 
@@ -50,8 +53,9 @@ def _counts(asm):
 
 
 def _hottest_loop(asm) -> dict:
-    """Mnemonic counts of the basic block with the most popcount instructions (``vpshufb`` or
-    ``vpopcntq``): the tile's inner loop. ``stack``: its operands on the stack (spills)."""
+    """Mnemonic counts of the basic block with the most popcount instructions (``vpshufb``,
+    ``vpopcntq``, ARM64's ``cnt``): the tile's inner loop. ``stack``: its operands on the stack
+    (spills)."""
     blocks, current = [], None
     for line in asm.splitlines():
         if re.match(r"^(\.LBB\S+|\S+):", line):
@@ -59,11 +63,11 @@ def _hottest_loop(asm) -> dict:
             blocks.append(current)
         elif current is not None and line.strip() and not line.strip().startswith((".", "#")):
             current.append(line.strip())
-    loop = max(blocks, key=lambda ins: sum(i.startswith(("vpshufb", "vpopcntq")) for i in ins), default=[])
+    loop = max(blocks, key=lambda ins: sum(i.startswith(("vpshufb", "vpopcntq", "cnt\t", "cnt ")) for i in ins), default=[])
     counts = {}
     for ins in loop:
         counts[ins.split()[0]] = counts.get(ins.split()[0], 0) + 1
-    counts["stack"] = sum("(%rsp)" in ins or "(%rbp)" in ins for ins in loop)
+    counts["stack"] = sum(any(base in ins for base in ("(%rsp)", "(%rbp)", "[sp")) for ins in loop)
     return counts
 
 
@@ -105,6 +109,31 @@ def _engine_tile_failures() -> list[str]:
     return failures
 
 
+def _logits() -> dict:
+    """Per hand-built model (every layer kind; the baseline measure, a searched one, Bi-Real's
+    real-valued shortcut), the engine's logits on fixed random images as float32 bit patterns:
+    the float parts (stem tile, epilogues, pooling, classifier) differ in code between paths,
+    so equal bits across paths are a property of their fixed summation order, not a given."""
+    import tempfile
+
+    from _tiny_bnn import model_bytes, tiny_model
+
+    from refimpl import engine
+    images = np.random.default_rng(5).integers(0, 17, (6, 16, 16, 3), dtype=np.uint8)
+    logits = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name, genome, real in (("baseline", None, False), ("searched", "3-0-3-8-0-0-6", False),
+                                   ("real_shortcut", "M3", True)):
+            meta, tensors = tiny_model(seed=3, channels=3, side=16, classes=5, real=real)
+            if genome:
+                meta["genome"] = str(refimpl.Genome.parse(genome))
+            path = os.path.join(folder, f"{name}.bnn")
+            with open(path, "wb") as f:
+                f.write(model_bytes(meta, tensors))
+            logits[name] = engine.load(path).predict(images).view(np.uint32).ravel().tolist()
+    return logits
+
+
 def probe() -> dict:
     panel_asm = _asm(getattr(_tiles, tiling.panel_function_name(16, 8)), tiling.PANEL_SIGNATURE)
     tile_asm = _asm(getattr(_tiles, tiling.tile_function_name(16, 8)), tiling.TILE_FUNCTION_SIGNATURE,
@@ -123,6 +152,7 @@ def probe() -> dict:
         "stem": _counts(_asm(stem, "void(f4[:, ::1], f4[:, ::1], i8, i8, i8, f4[:, ::1])")),
         "stem_tile": [pixels, channels],
         "counts_failures": _counts_match_naive(),
+        "logits": _logits(),
     }
 
 

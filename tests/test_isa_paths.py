@@ -47,6 +47,19 @@ def test_each_path_counts_exactly_like_the_naive_oracle(path):
     assert result["engine_failures"] == []
 
 
+@pytest.mark.parametrize("path", [p for p in isa.PATHS if p != isa.current_path()])
+def test_each_path_gives_the_logits_of_this_one_bit_for_bit(path):
+    # Hand-built models with every layer kind, a searched measure and the real-valued shortcut:
+    # the stem tile, epilogues and pooling are other code on each path (vector widths, tiles).
+    # This is a check of equal bits between two runs of the same model; neither side's logits
+    # are trusted more than the other's (the engine's own tests compare it with torch).
+    here, there = _probe(isa.current_path())["logits"], _runnable(path)["logits"]
+    assert set(there) == set(here) == {"baseline", "searched", "real_shortcut"}
+    for model in here:
+        assert len(there[model]) == 6 * 5
+        assert there[model] == here[model], model
+
+
 def test_avx2_engine_tile_accumulates_byte_lookups_in_ymm():
     result = _runnable("avx2")
     asm = result["engine_tile"]
