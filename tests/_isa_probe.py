@@ -63,6 +63,9 @@ def _hottest_loop(asm) -> dict:
             blocks.append(current)
         elif current is not None and line.strip() and not line.strip().startswith((".", "#")):
             current.append(line.strip())
+            if re.match(r"(j\w+|b|b\.\w+|cbn?z|tbn?z|ret)\s", line.strip() + " "):
+                current = []  # a branch ends the block: what falls through is another one
+                blocks.append(current)
     loop = max(blocks, key=lambda ins: sum(i.startswith(("vpshufb", "vpopcntq", "cnt\t", "cnt ")) for i in ins), default=[])
     counts = {}
     for ins in loop:
