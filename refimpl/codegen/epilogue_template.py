@@ -180,7 +180,6 @@ def _module_head(g: Genome) -> list[str]:
         "",
         "import numba",
         "import numpy as np",
-        "from numba import prange",
         "",
         "from refimpl._jit import jit",
         "from refimpl._numba_ops import nan_max, nan_min",
@@ -200,12 +199,13 @@ def _module_head(g: Genome) -> list[str]:
         "",
         "",
         # No signature: compiled on first call, as only tests call it (eagerly, every genome's
-        # first load paid 1-1.6 s for it).
-        "@jit(parallel=True, loop_vectorize=True)",
+        # first load paid 1-1.6 s for it). Serial: a parallel loop compiled 3x slower, and the
+        # tests' arrays are small.
+        "@jit(loop_vectorize=True)",
         "def measure_array(a, b, c, d, alpha, out):",
         "    # (N, O, P) float32 counts -> out; the engine's measure alone, for tests.",
         "    n_img, n_out, size = a.shape",
-        "    for r in prange(n_img * n_out):",
+        "    for r in range(n_img * n_out):",
         "        i = r // n_out",
         "        o = r - i * n_out",
         "        for s in range(size):",
