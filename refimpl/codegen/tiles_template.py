@@ -5,6 +5,7 @@ Sizes and function names come from ``refimpl/kernels/tiling.py``, which the runt
 """
 from __future__ import annotations
 
+from ..kernels.scratch import row_length
 from ..kernels.tiling import (
     LAYOUTS,
     STEM_TILES,
@@ -90,7 +91,8 @@ def _nhwc_kernel(P: int, Q: int) -> list[str]:
         f"def {kernel_name(P, Q, 'nhwc')}(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a,",
         f"{i1}{' ' * len(kernel_name(P, Q, 'nhwc'))}px):",
         f"{i1}# px (N*Ho*Wo,) float32: each pixel's window popcount, from the tile's gather.",
-        f"{i1}pxt = np.empty((xscratch.shape[0], {P}), dtype=np.float32)",
+        f"{i1}# {P} floats a thread, each row on cache lines of its own (kernels/scratch.py)",
+        f"{i1}pxt = np.empty((xscratch.shape[0], {row_length(P, 4)}), dtype=np.float32)",
         f"{i1}n_pixels = a.shape[0] // n_out",
         f"{i1}n_panels = (n_out + {Q - 1}) // {Q}",
         f"{i1}n_groups = (n_panels + group_panels - 1) // group_panels",

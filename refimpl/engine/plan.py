@@ -12,6 +12,7 @@ import numpy as np
 from ..kernels import blocked
 from ..kernels.bits import n_words
 from ..kernels.geometry import conv_output_size
+from ..kernels.scratch import thread_rows
 from ..kernels.tiling import TILE_PIXELS
 from ..kernels.window_sums import in_bounds_taps, weight_window_sums
 from . import epilogue
@@ -224,9 +225,9 @@ class _UnitStep(_Step):
             self.whole = (m, _ConvCounts(down, n_img, h, w, pad) if down is not None else None)
         self.n_tiles = -(-n_img * oh * ow // TILE_PIXELS)
         threads = numba.config.NUMBA_NUM_THREADS
-        self.ascratch = [np.empty((threads, TILE_PIXELS * conv.out_channels), dtype=np.int32)
+        self.ascratch = [thread_rows(threads, TILE_PIXELS * conv.out_channels, np.int32)
                          for _ in range(2 if down is not None else 1)]
-        self.pxscratch = np.empty((threads, 2 * TILE_PIXELS), dtype=np.float32)
+        self.pxscratch = thread_rows(threads, 2 * TILE_PIXELS, np.float32)
         self.out_chw = (conv.out_channels, oh, ow)
         self.out_shape = (n_img, oh * ow, conv.out_channels)
         # A real shortcut fills the output buffer first; the epilogue adds into it as for identity.

@@ -157,7 +157,8 @@ def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, firs
 def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a,
                    px):
     # px (N*Ho*Wo,) float32: each pixel's window popcount, from the tile's gather.
-    pxt = np.empty((xscratch.shape[0], 16), dtype=np.float32)
+    # 16 floats a thread, each row on cache lines of its own (kernels/scratch.py)
+    pxt = np.empty((xscratch.shape[0], 48), dtype=np.float32)
     n_pixels = a.shape[0] // n_out
     n_panels = (n_out + 7) // 8
     n_groups = (n_panels + group_panels - 1) // group_panels
