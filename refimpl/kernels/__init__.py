@@ -11,7 +11,8 @@ Layers, from the bits up (each module imports only those above it):
 * The counts API and its parts: ``geometry`` (argument checks, output sizes),
   ``window_sums`` (px, pw, n over in-bounds taps), ``identity_row`` (the LLVM intrinsic that
   writes a row of a, b, c, d), ``fused`` (GEMM and identities in one pass), ``outputs`` (the
-  recycled output blocks) and ``counts`` (``counts_conv2d``, ``counts_dense``).
+  recycled output blocks) and ``counts`` (``counts_conv2d``, ``counts_dense``); ``scratch``:
+  per-thread scratch rows that share no cache line.
 
 Kernels for one instruction set (refimpl/isa.py's paths) live here too: ``byte_dot`` is the
 popcount tile of the paths without a vector popcount, ``avx512bw``, ``avx2`` and ``portable``
