@@ -53,11 +53,11 @@ LANES = 8 if _PATH == "avx512bw" else 4  # 64-bit pixels per vector: 512 or 256 
 BYTE_STEPS = 31    # steps a byte lane can count before it could overflow (31 * 8 = 248)
 
 # One call: LANE_GROUPS x LANES pixels by LANE_CHANNELS channels. On 256 bits 8 ymm
-# accumulators, with 2 input vectors, a broadcast weight, the lookup table, the nibble mask and
-# temporaries: the 16 AVX2 registers without a spill. (Measured against dot products over 4
-# words of one pixel and channel, which need a scalar tail and a horizontal sum: faster on every
-# ResNet-18 layer, most on 64 and 128 channels.) On 512 bits a whole 16 x 8 tile: 16 zmm
-# accumulators, 4 input and 2 weight vectors and the table in the 32 AVX-512 registers.
+# accumulators beside 4 input vectors (2 pixel groups' nibble halves), a weight's 2 broadcasts
+# and the lookup table: 15 of the 16 AVX2 registers, no spill. (Measured against dot products
+# over 4 words of one pixel and channel, which need a scalar tail and a horizontal sum: faster
+# on every ResNet-18 layer, most on 64 and 128 channels.) On 512 bits a whole 16 x 8 tile: 16
+# zmm accumulators and the same 7 vectors in the 32 AVX-512 registers.
 LANE_GROUPS, LANE_CHANNELS = (2, 8) if LANES == 8 else (2, 4)
 
 _V = ir.VectorType(_I64, LANES)
