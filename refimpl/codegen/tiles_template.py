@@ -254,7 +254,7 @@ def _nchw_kernel(P: int, Q: int) -> list[str]:
     return [
         "@jit(parallel=True, slp_vectorize=not BYTE_LOOKUP)",
         f"def {kernel_name(P, Q, 'nchw')}(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):",
-        f"{i1}# a (N*O*Ho*Wo,) int64; bscratch (T, {Q * P}) int64: the edge tiles' block.",
+        f"{i1}# a (N*O*Ho*Wo,) int64; bscratch (T, >= {Q * P}) int64: the edge tiles' block.",
         f"{i1}n_pixels = a.shape[0] // n_out",
         f"{i1}n_panels = (n_out + {Q - 1}) // {Q}",
         f"{i1}steps = taps_off.shape[0] * k_words",

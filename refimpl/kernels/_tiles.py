@@ -55,7 +55,7 @@ def panel_16x8_nchw(xt, wflat, steps, panel, out, row0, ld, col):
 
 @jit(parallel=True, slp_vectorize=not BYTE_LOOKUP)
 def tiles_16x8(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a):
-    # a (N*O*Ho*Wo,) int64; bscratch (T, 128) int64: the edge tiles' block.
+    # a (N*O*Ho*Wo,) int64; bscratch (T, >= 128) int64: the edge tiles' block.
     n_pixels = a.shape[0] // n_out
     n_panels = (n_out + 7) // 8
     steps = taps_off.shape[0] * k_words

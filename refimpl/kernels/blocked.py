@@ -35,7 +35,7 @@ from .._jit import jit
 from . import _tiles
 from .byte_dot import NIBBLES, store_weight_word
 from .geometry import conv_output_size
-from .scratch import thread_rows
+from .scratch import thread_blocks, thread_rows
 from .tiling import LAYOUTS, TILE_CHANNELS, TILE_PIXELS, kernel_name
 
 
@@ -162,7 +162,7 @@ class ConvPlan:
         self.xscratch = thread_rows(threads, kh * kw * self.k_words * P * NIBBLES, np.uint64)
         # The edge tiles' block: P*Q counts for nhwc (stored pixel-major, flat), a flat int64
         # panel for nchw.
-        self.bscratch = (np.empty((threads, Q, P), dtype=np.uint64) if layout == "nhwc"
+        self.bscratch = (thread_blocks(threads, Q, P, np.uint64) if layout == "nhwc"
                          else thread_rows(threads, Q * P, np.int64))
         self.n_tiles = -(-(n_img * self.out_h * self.out_w) // P)
         self.n_panels = -(-self.n_out // Q)

@@ -28,3 +28,12 @@ def thread_rows(threads: int, n: int, dtype) -> np.ndarray:
     share no cache line with another row's. Kernels use ``rows[tid, :n]``, or the whole row as
     space they may leave unused."""
     return np.empty((threads, row_length(n, np.dtype(dtype).itemsize)), dtype=dtype)
+
+
+def thread_blocks(threads: int, rows: int, cols: int, dtype) -> np.ndarray:
+    """An uninitialized (threads, rows + k, cols) C-contiguous array whose blocks' first ``rows``
+    rows share no cache line with another block's: k spare rows make each block at least
+    ``row_length(rows * cols)`` elements."""
+    n = rows * cols
+    spare = -(-(row_length(n, np.dtype(dtype).itemsize) - n) // cols)
+    return np.empty((threads, rows + spare, cols), dtype=dtype)
