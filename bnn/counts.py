@@ -286,6 +286,22 @@ def counts_conv2d(x: torch.Tensor, w: torch.Tensor, stride=1, padding=0, dilatio
     return _CountsConv2d.apply(x, w, stride, padding, dilation)
 
 
+def window_sizes(x: torch.Tensor, w: torch.Tensor, stride=1, padding=0, dilation=1) -> torch.Tensor:
+    """``n = a + b + c + d`` of each window of ``counts_conv2d(x, w, ...)``: (1, 1, Ho, Wo), the
+    in-bounds taps times the input channels, as a constant (no gradient) in the counts' dtype.
+
+    What a count convention divides by (refimpl/conventions.py); computed from the geometry alone,
+    so it costs one tiny convolution of a mask, not three passes over the counts."""
+    dtype = _compute_dtype(x)
+    with torch.no_grad(), _no_autocast(x.device):
+        mask = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=dtype, device=x.device)
+        ones_k = torch.ones((1, 1) + tuple(w.shape[2:]), dtype=dtype, device=x.device)
+        n = F.conv2d(mask, ones_k, stride=stride, padding=padding, dilation=dilation)
+        if _conv_may_be_inexact(n):
+            n.round_()
+        return n.mul_(x.shape[1])
+
+
 def counts_dense(x: torch.Tensor, w: torch.Tensor):
     """a, b, c, d of a binary dense layer: x (N, K), w (M, K), +-1 values -> four (N, M)."""
     if x.dim() != 2 or w.dim() != 2:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from refimpl.cli import OneLineParser
+from refimpl.conventions import DEFAULT as DEFAULT_COUNTS
 from refimpl.engine import format as fmt
 from refimpl.engine.model_file import ModelFileError, describe
 from refimpl.fileio import atomic_write_bytes, check_output, refuse_non_regular
@@ -182,10 +183,14 @@ def export_model(model: nn.Module, path: str, *, mean=None, std=None, pixel_max=
     if downsample not in fmt.DOWNSAMPLE_KINDS or any(getattr(layer, "residual", None) == wrong for layer in layers):
         raise ValueError(f"model.config says downsample={downsample!r}, which its shortcuts are not; "
                          "build the model with bnn.models and one downsample kind")
+    counts = config.get("counts", DEFAULT_COUNTS)
+    if any(m.counts != counts for m in model.modules() if isinstance(m, BinaryConv2d)):
+        raise ValueError(f"model.config says counts={counts!r}, which its binary layers do not all use; "
+                         "build the model with bnn.models and one count convention")
     description = fmt.Description(
         genome=genome, input_shape=tuple(config.get("input_shape", [in_ch, 0, 0])), num_classes=num_classes,
         class_names=names, mean=mean, std=std, pixel_max=pixel_max, downsample=downsample, layers=layers,
-        arch=config.get("arch"), dataset=dataset, source_sha256=source_sha256,
+        counts=counts, arch=config.get("arch"), dataset=dataset, source_sha256=source_sha256,
     )
     meta, tensors = description.metadata(), description.tensors()
     check_engine_accepts(meta, tensors, path)  # before the file is written, not when the engine loads it
@@ -231,9 +236,9 @@ def export_checkpoint(checkpoint: str, out: str) -> dict:
     ckpt = load_checkpoint(checkpoint)
     mc, data = ckpt.get("model_config") or {}, ckpt.get("data") or {}
     try:
-        # A checkpoint written before the option has no downsample: it trained the binary kind.
+        # A checkpoint written before the options has no downsample (binary) and no counts (raw).
         model = build_model(mc["arch"], mc["measure"], mc["num_classes"], tuple(mc["input_shape"]),
-                            downsample=mc.get("downsample", "binary"))
+                            downsample=mc.get("downsample", "binary"), counts=mc.get("counts", DEFAULT_COUNTS))
         model.load_state_dict(ckpt["model"])
     except (KeyError, RuntimeError, TypeError) as exc:
         raise ValueError(f"{checkpoint}: model config or weights do not fit ({type(exc).__name__}: {exc})".splitlines()[0]) from None
@@ -258,6 +263,7 @@ def main(argv=None) -> int:
         return 2
     size = os.path.getsize(args.out)
     print(f"wrote {args.out}: {meta['arch']} with genome {meta['genome']}, {meta['downsample']} downsampling, "
+          f"{meta['counts']} counts, "
           f"{size / 1e6:.2f} MB")
     return 0
 

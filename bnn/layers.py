@@ -9,11 +9,12 @@ import math
 import torch
 from torch import nn
 
+from refimpl.conventions import DEFAULT, check_counts
 from refimpl.genome import Genome
 from refimpl.kernels.geometry import int_pair
 
-from .counts import counts_conv2d, counts_dense
-from .measure import initial_alpha, measure
+from .counts import counts_conv2d, counts_dense, window_sizes
+from .measure import convert_counts, initial_alpha, measure
 
 
 def sign(x: torch.Tensor) -> torch.Tensor:
@@ -49,20 +50,26 @@ def ste_sign(x: torch.Tensor, clip_value: float | None = 1.0) -> torch.Tensor:
 
 
 class _BinaryMeasureLayer(nn.Module):
-    def _init_measure(self, measure_spec, out_units: int) -> None:
+    def _init_measure(self, measure_spec, out_units: int, counts: str) -> None:
         self.genome = Genome.parse(measure_spec)
+        self.counts = check_counts(counts)  # the count convention (refimpl/conventions.py)
         # One alpha row per unary slot; rows of slots whose operator ignores alpha stay at 0 and
         # get no gradient.
         self.alpha = nn.Parameter(initial_alpha(self.genome, out_units))
 
     def _measure(self, a, b, c, d):
+        # The counts arrive converted (_converted): measure_op.py replaces this method alone.
         return measure(self.genome, a, b, c, d, self.alpha)
+
+    def _converted(self, counts, n):
+        return convert_counts(self.counts, *counts, n)
 
 
 class BinaryConv2d(_BinaryMeasureLayer):
     """``measure(counts(sign(x), sign(w)))``; no bias, no BatchNorm (the model adds it)."""
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, measure="baseline"):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, measure="baseline",
+                 counts=DEFAULT):
         super().__init__()
         kh, kw = int_pair(kernel_size, "kernel_size")
         for value, name in ((stride, "stride"), (padding, "padding"), (dilation, "dilation")):
@@ -71,36 +78,37 @@ class BinaryConv2d(_BinaryMeasureLayer):
         self.kernel_size, self.stride, self.padding, self.dilation = (kh, kw), stride, padding, dilation
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels, kh, kw))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Conv2d's initialization
-        self._init_measure(measure, out_channels)
+        self._init_measure(measure, out_channels, counts)
 
     def forward(self, x):
         """Measure values (N, O, Ho, Wo) of the counts between sign(x) (N, C, H, W) and the signed weights."""
-        counts = counts_conv2d(
-            ste_sign(x, 1.0), ste_sign(self.weight, None), self.stride, self.padding, self.dilation
-        )
-        return self._measure(*counts)
+        geometry = (self.stride, self.padding, self.dilation)
+        counts = counts_conv2d(ste_sign(x, 1.0), ste_sign(self.weight, None), *geometry)
+        n = window_sizes(x, self.weight, *geometry) if self.counts != "raw" else None
+        return self._measure(*self._converted(counts, n))
 
     def extra_repr(self):
         """The constructor's arguments and the measure's genome, for ``print(model)``."""
         return (
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
-            f"padding={self.padding}, dilation={self.dilation}, measure='{self.genome}'"
+            f"padding={self.padding}, dilation={self.dilation}, measure='{self.genome}', counts='{self.counts}'"
         )
 
 
 class BinaryLinear(_BinaryMeasureLayer):
     """``measure(counts(sign(x), sign(w)))`` of a dense layer; no bias."""
-    def __init__(self, in_features, out_features, measure="baseline"):
+    def __init__(self, in_features, out_features, measure="baseline", counts=DEFAULT):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        self._init_measure(measure, out_features)
+        self._init_measure(measure, out_features, counts)
 
     def forward(self, x):
         """Measure values (N, O) of the counts between sign(x) (N, I) and the signed weights."""
-        return self._measure(*counts_dense(ste_sign(x, 1.0), ste_sign(self.weight, None)))
+        counts = counts_dense(ste_sign(x, 1.0), ste_sign(self.weight, None))
+        return self._measure(*self._converted(counts, self.in_features))
 
     def extra_repr(self):
-        """The layer's sizes and the measure's genome, for ``print(model)``."""
-        return f"{self.in_features}, {self.out_features}, measure='{self.genome}'"
+        """The layer's sizes, the measure's genome and the count convention, for ``print(model)``."""
+        return f"{self.in_features}, {self.out_features}, measure='{self.genome}', counts='{self.counts}'"

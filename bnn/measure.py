@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from refimpl import default_alpha
+from refimpl.conventions import DEFAULT, check_counts, convert
 from refimpl.genome import Genome
 from refimpl.operators import BINARY, FUNCTIONS, UNARY
 
@@ -69,23 +70,40 @@ def initial_alpha(genome, channels: int, dtype=None, device=None) -> torch.Tenso
     return alpha.to(dtype=dtype or torch.get_default_dtype(), device=device)
 
 
-def measure(genome, a, b, c, d, alpha=None) -> torch.Tensor:
-    """``B3(B1(U1(a), U2(d)), B2(U3(b), U4(c)))`` elementwise on counts of shape (N, C, ...).
+def convert_counts(counts: str, a, b, c, d, n=None):
+    """The four counts as the convention ``counts`` has them enter the graph (``refimpl.conventions``).
+
+    ``n``: the windows' sizes, broadcastable against the counts (a layer knows them from its
+    geometry); None sums them from the counts. Either way ``n`` is a constant, detached: it
+    does not depend on the inputs or weights, and its gradient through a + b + c + d would be
+    zero up to rounding."""
+    if check_counts(counts) == "raw":
+        return a, b, c, d
+    if n is None:
+        n = a + b + c + d
+    n = torch.as_tensor(n, device=a.device).to(a.dtype).detach()
+    return tuple(convert(counts, v, n) for v in (a, b, c, d))
+
+
+def measure(genome, a, b, c, d, alpha=None, counts=DEFAULT, n=None) -> torch.Tensor:
+    """``B3(B1(U1(a'), U2(d')), B2(U3(b'), U4(c')))`` elementwise on counts of shape (N, C, ...).
 
     ``alpha``: (4, C), row i for slot U(i+1), broadcast over N and the spatial dims; None means
     the table's initial values. Counts are evaluated in a's dtype (torch's default float dtype
-    if a is an integer tensor).
+    if a is an integer tensor), converted by the count convention ``counts`` (``n``: see
+    ``convert_counts``).
     """
     g = Genome.parse(genome)
-    counts = [torch.as_tensor(v) for v in (a, b, c, d)]
-    shape = counts[0].shape
-    for name, v in zip("abcd", counts):
+    check_counts(counts)
+    counts_in = [torch.as_tensor(v) for v in (a, b, c, d)]
+    shape = counts_in[0].shape
+    for name, v in zip("abcd", counts_in):
         if v.shape != shape:
             raise ValueError(f"count {name} has shape {tuple(v.shape)}, but a has {tuple(shape)}; all four must match")
     if len(shape) < 2:
         raise ValueError(f"counts need shape (N, C, ...), got {tuple(shape)}")
-    dtype = counts[0].dtype if counts[0].dtype.is_floating_point else torch.get_default_dtype()
-    a, b, c, d = (v.to(dtype) for v in counts)  # no copy where the dtype already matches
+    dtype = counts_in[0].dtype if counts_in[0].dtype.is_floating_point else torch.get_default_dtype()
+    a, b, c, d = convert_counts(counts, *(v.to(dtype) for v in counts_in), n)  # .to: no copy if the dtype matches
     channels = shape[1]
     if alpha is None:
         if any(g.uses_alpha()):

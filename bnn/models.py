@@ -25,13 +25,16 @@ NIN's last layer is a 1x1 convolution followed by global average pooling; both a
 it is the same function as pooling first and then ``nn.Linear``, which is what is built here.
 
 ``model.config`` holds what export needs to rebuild the model (``build_model(**config)``):
-arch, measure, num_classes, input_shape, downsample.
+arch, measure, num_classes, input_shape, downsample, counts (the count convention of every binary layer,
+refimpl/conventions.py; configs written before it existed rebuild as ``raw``).
 """
 from __future__ import annotations
 
 import numpy as np
 from torch import nn
 
+from refimpl.conventions import DEFAULT as DEFAULT_COUNTS
+from refimpl.conventions import check_counts
 from refimpl.genome import Genome
 
 from .layers import BinaryConv2d
@@ -66,10 +69,10 @@ class BinaryUnit(nn.Module):
     """One binary convolution, its BatchNorm, and (optionally) a real-valued shortcut."""
 
     def __init__(self, in_ch, out_ch, kernel_size, stride=1, padding=0, measure="baseline",
-                 residual=False, binary=True, downsample="binary"):
+                 residual=False, binary=True, downsample="binary", counts=DEFAULT_COUNTS):
         super().__init__()
         self.downsample = check_downsample(downsample)
-        conv = _conv_factory(binary, measure)
+        conv = _conv_factory(binary, measure, counts)
         self.conv = conv(in_ch, out_ch, kernel_size, stride, padding)
         self.bn = nn.BatchNorm2d(out_ch)
         self.residual = residual
@@ -96,9 +99,9 @@ class BinaryUnit(nn.Module):
         return y + self.down_bn(self.down_conv(x))
 
 
-def _conv_factory(binary: bool, measure):
+def _conv_factory(binary: bool, measure, counts):
     if binary:
-        return lambda i, o, k, s, p: BinaryConv2d(i, o, k, stride=s, padding=p, measure=measure)
+        return lambda i, o, k, s, p: BinaryConv2d(i, o, k, stride=s, padding=p, measure=measure, counts=counts)
     # Same shapes in float: the "ordinary network" that bench/bench_train.py compares against.
     return lambda i, o, k, s, p: nn.Conv2d(i, o, k, stride=s, padding=p, bias=False)
 
@@ -107,7 +110,7 @@ class BNNet(nn.Module):
     """stem -> stem_bn -> body -> global average pool -> classifier (see the module docstring)."""
 
     def __init__(self, arch, measure, num_classes, input_shape, stem_out, stem_kernel, body, body_out,
-                 downsample="binary", stem_stride=1):
+                 downsample="binary", stem_stride=1, counts=DEFAULT_COUNTS):
         super().__init__()
         in_ch = input_shape[0]
         self.stem = nn.Conv2d(in_ch, stem_out, stem_kernel, stride=stem_stride, padding=stem_kernel // 2, bias=False)
@@ -121,6 +124,7 @@ class BNNet(nn.Module):
             "num_classes": int(num_classes),
             "input_shape": [int(v) for v in input_shape],
             "downsample": check_downsample(downsample),
+            "counts": check_counts(counts),
         }
 
     def forward(self, x):
@@ -130,7 +134,8 @@ class BNNet(nn.Module):
         return self.classifier(self.pool(x).flatten(1))
 
 
-def resnet(arch, measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
+def resnet(arch, measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary",
+           counts=DEFAULT_COUNTS):
     """A Bi-Real ResNet (``resnet18`` or ``resnet34``): every basic block's 3x3 convolutions binary, each with
     its own shortcut."""
     body, ch = [], 64
@@ -138,23 +143,27 @@ def resnet(arch, measure="baseline", num_classes=10, input_shape=(3, 32, 32), bi
         for i in range(blocks):
             s = stride if i == 0 else 1
             # A basic block's two 3x3 convolutions, each with its own shortcut (Bi-Real).
-            body.append(BinaryUnit(ch, width, 3, s, 1, measure, residual=True, binary=binary, downsample=downsample))
-            body.append(BinaryUnit(width, width, 3, 1, 1, measure, residual=True, binary=binary))
+            body.append(BinaryUnit(ch, width, 3, s, 1, measure, residual=True, binary=binary, downsample=downsample,
+                                   counts=counts))
+            body.append(BinaryUnit(width, width, 3, 1, 1, measure, residual=True, binary=binary, counts=counts))
             ch = width
-    return BNNet(arch, measure, num_classes, input_shape, 64, 3, body, ch, downsample)
+    return BNNet(arch, measure, num_classes, input_shape, 64, 3, body, ch, downsample, counts=counts)
 
 
-def resnet18(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
+def resnet18(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary",
+        counts=DEFAULT_COUNTS):
     """ResNet-18: ``resnet("resnet18", ...)``."""
-    return resnet("resnet18", measure, num_classes, input_shape, binary, downsample)
+    return resnet("resnet18", measure, num_classes, input_shape, binary, downsample, counts)
 
 
-def resnet34(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
+def resnet34(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary",
+        counts=DEFAULT_COUNTS):
     """ResNet-34: ``resnet("resnet34", ...)``."""
-    return resnet("resnet34", measure, num_classes, input_shape, binary, downsample)
+    return resnet("resnet34", measure, num_classes, input_shape, binary, downsample, counts)
 
 
-def vgg13(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
+def vgg13(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary",
+        counts=DEFAULT_COUNTS):
     """VGG13 with a full-precision first convolution and binary others; odd sides pool with one padded row."""
     widths = list(_VGG13)
     body, ch = [], widths.pop(0)  # the first 64-channel convolution is the full-precision stem
@@ -167,17 +176,18 @@ def vgg13(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=Tr
             body.append(nn.MaxPool2d(2, padding=pad if any(pad) else 0))
             size = [(n + 1) // 2 for n in size]
         else:
-            body.append(BinaryUnit(ch, v, 3, 1, 1, measure, binary=binary))
+            body.append(BinaryUnit(ch, v, 3, 1, 1, measure, binary=binary, counts=counts))
             ch = v
     # No shortcuts, so nothing to downsample; the kind is still recorded, as for every model.
-    return BNNet("vgg13", measure, num_classes, input_shape, 64, 3, body, ch, downsample)
+    return BNNet("vgg13", measure, num_classes, input_shape, 64, 3, body, ch, downsample, counts=counts)
 
 
-def nin(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary"):
+def nin(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True, downsample="binary",
+        counts=DEFAULT_COUNTS):
     """Network in Network for CIFAR (Lin et al. 2014; XNOR-Net's binary version's widths)."""
     # Fully convolutional with global pooling: 28x28 runs as 28 -> 14 -> 7, 32x32 as 32 -> 16 -> 8.
     def unit(i, o, k):
-        return BinaryUnit(i, o, k, 1, k // 2, measure, binary=binary)
+        return BinaryUnit(i, o, k, 1, k // 2, measure, binary=binary, counts=counts)
 
     body = [
         unit(192, 160, 1), unit(160, 96, 1),
@@ -186,20 +196,22 @@ def nin(measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True
         nn.AvgPool2d(3, stride=2, padding=1),
         unit(192, 192, 3), unit(192, 192, 1),
     ]
-    return BNNet("nin", measure, num_classes, input_shape, 192, 5, body, 192, downsample)
+    return BNNet("nin", measure, num_classes, input_shape, 192, 5, body, 192, downsample, counts=counts)
 
 
-def digits_net(measure="baseline", num_classes=10, input_shape=(1, 8, 8), binary=True, downsample="binary"):
+def digits_net(measure="baseline", num_classes=10, input_shape=(1, 8, 8), binary=True, downsample="binary",
+        counts=DEFAULT_COUNTS):
     """For the 8x8 digits: full-precision 3x3 stem, three binary 3x3 units with shortcuts.
 
     Every unit keeps width and size, so ``downsample`` changes no layer; it is recorded.
     """
     w = DIGITS_WIDTH
-    body = [BinaryUnit(w, w, 3, 1, 1, measure, residual=True, binary=binary) for _ in range(3)]
-    return BNNet("digits_net", measure, num_classes, input_shape, w, 3, body, w, downsample)
+    body = [BinaryUnit(w, w, 3, 1, 1, measure, residual=True, binary=binary, counts=counts) for _ in range(3)]
+    return BNNet("digits_net", measure, num_classes, input_shape, w, 3, body, w, downsample, counts=counts)
 
 
-def mnist_net(measure="baseline", num_classes=10, input_shape=(1, 28, 28), binary=True, downsample="binary"):
+def mnist_net(measure="baseline", num_classes=10, input_shape=(1, 28, 28), binary=True, downsample="binary",
+        counts=DEFAULT_COUNTS):
     """Small and fast for 1x28x28 (MNIST, Fashion-MNIST) on a CPU: a stride-2 3x3 full-precision
     stem, then seven binary 3x3 units with Bi-Real shortcuts, 32 -> 64 -> 128 channels on 14 -> 7
     -> 4 maps (1, 3, 3 units); a stage's first unit has stride 2 and its shortcut is the
@@ -209,9 +221,10 @@ def mnist_net(measure="baseline", num_classes=10, input_shape=(1, 28, 28), binar
     for i, (width, units) in enumerate(_MNIST_STAGES):
         for j in range(units):
             s = 2 if i > 0 and j == 0 else 1
-            body.append(BinaryUnit(ch, width, 3, s, 1, measure, residual=True, binary=binary, downsample=downsample))
+            body.append(BinaryUnit(ch, width, 3, s, 1, measure, residual=True, binary=binary, downsample=downsample,
+                                   counts=counts))
             ch = width
-    return BNNet("mnist_net", measure, num_classes, input_shape, stem, 3, body, ch, downsample, stem_stride)
+    return BNNet("mnist_net", measure, num_classes, input_shape, stem, 3, body, ch, downsample, stem_stride, counts)
 
 
 MODELS = {
@@ -225,13 +238,14 @@ MODELS = {
 
 
 def build_model(arch, measure="baseline", num_classes=10, input_shape=(3, 32, 32), binary=True,
-                downsample="binary") -> BNNet:
+                downsample="binary", counts=DEFAULT_COUNTS) -> BNNet:
     """A model from the registry (``build_model(**model.config)`` rebuilds one); unknown names,
-    measures and downsampling kinds raise ValueError."""
+    measures, downsampling kinds and count conventions raise ValueError."""
     if arch not in MODELS:
         raise ValueError(f"unknown model {arch!r}; choose one of {', '.join(MODELS)}")
     genome = Genome.parse(measure)  # ValueError naming the problem
     check_downsample(downsample)
+    check_counts(counts)
     # From a checkpoint's model_config: whole numbers only (28.5 or "28" is refused, not truncated).
     ints = (int, np.integer)
     if not (isinstance(num_classes, ints) and not isinstance(num_classes, bool) and num_classes >= 1):
@@ -240,7 +254,7 @@ def build_model(arch, measure="baseline", num_classes=10, input_shape=(3, 32, 32
     if not (len(shape) == 3 and all(isinstance(v, ints) and not isinstance(v, bool) and v >= 1 for v in shape)):
         raise ValueError(f"input_shape must be 3 positive integers (C, H, W), got {input_shape!r}")
     return MODELS[arch](measure=str(genome), num_classes=num_classes, input_shape=tuple(input_shape), binary=binary,
-                        downsample=downsample)
+                        downsample=downsample, counts=counts)
 
 
 def binary_layers(model: nn.Module) -> list[BinaryConv2d]:

@@ -14,8 +14,9 @@ rewritten from it on resume, so a kill between the two writes cannot duplicate o
 Run folder: ``metrics.jsonl`` (one JSON object per epoch: epoch, train_loss, train_acc, val_acc,
 lr, images_per_s, wall_s, status), ``checkpoint.pt`` and, once finished, ``summary.json``.
 ``checkpoint.pt`` loads with ``torch.load(path, weights_only=True)`` and holds what export needs:
-``model_config`` (arch, measure, num_classes, input_shape, downsample:
-``bnn.models.build_model(**...)`` rebuilds the model; a checkpoint without downsample is binary),
+``model_config`` (arch, measure, num_classes, input_shape, downsample, counts:
+``bnn.models.build_model(**...)`` rebuilds the model; a checkpoint without downsample is binary,
+one without counts is raw),
 ``model`` (the state_dict, CPU tensors), ``data`` (class_names, and mean/std in raw pixel units:
 the input is ``(pixel - mean[c]) / std[c]``), ``config`` (the TrainConfig), ``status``
 ("running" or a final status), ``test`` ((top-1, top-5) once done), and for resume ``optimizer``,
@@ -29,6 +30,7 @@ import os
 import sys
 
 from refimpl.cli import OneLineParser, nonnegative_int, positive_float, positive_int, refuse_with, seed_int
+from refimpl.conventions import NAMES as COUNT_CONVENTIONS
 from refimpl.genome import Genome
 
 from .data import DATASETS, canonical_name, dataset_arg
@@ -94,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--downsample", choices=DOWNSAMPLE_KINDS, default="binary",
                    help="shortcut of the units that change size or width (docs/design.md section 6): binary (default, the paper's "
                         "text: a binary 1x1 conv) or real (Bi-Real: 2x2 average pool, full-precision 1x1 conv)")
+    p.add_argument("--counts", choices=COUNT_CONVENTIONS, default="raw",
+                   help="count convention: how a, b, c, d enter the measure (docs/design.md section 2): raw (default, "
+                        "the paper's equations), freq (a/n, ...), laplace ((a+1)/(n+4), ...)")
     p.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default: {_per_dataset(DEFAULT_PRESET)})")
     p.add_argument("--epochs", type=positive_int, help=f"epochs (default: the preset's: {_per_preset('epochs')})")
     p.add_argument("--batch-size", type=positive_int, help=f"batch size (default: the preset's: {_per_preset('batch_size')})")
@@ -149,10 +154,11 @@ def config_from_args(args, ckpt: dict | None = None) -> TrainConfig:
         except ValueError:
             raise ValueError(f"--milestones must be comma-separated integers, got {args.milestones!r}") from None
     name = Genome.parse(measure).name or measure
-    kind = "" if args.downsample == "binary" else f"-{args.downsample}"
+    kind = ("" if args.downsample == "binary" else f"-{args.downsample}") + ("" if args.counts == "raw" else f"-{args.counts}")
     out = args.out or os.path.join("runs", f"{dataset}-{model}-{name}{kind}-s{args.seed}")
     return TrainConfig.from_preset(
-        preset, model=model, dataset=dataset, measure=measure, downsample=args.downsample, seed=args.seed,
+        preset, model=model, dataset=dataset, measure=measure, downsample=args.downsample, counts=args.counts,
+        seed=args.seed,
         device=args.device,
         data_dir=args.data_dir, val_size=args.val_size, train_size=args.train_size, out_dir=out,
         compile=args.compile, step=args.step, download=args.download, **overrides,
@@ -171,7 +177,8 @@ def _refuse_existing_run(out_dir: str) -> None:
 
 
 # What --resume takes from the checkpoint: given with it, they would be ignored, so they are refused.
-RESUME_FIXED = ("out", "model", "dataset", "data_dir", "download", "measure", "downsample", "preset", "batch_size", "lr",
+RESUME_FIXED = ("out", "model", "dataset", "data_dir", "download", "measure", "downsample", "counts", "preset",
+                "batch_size", "lr",
                 "milestones", "seed", "val_size", "train_size", "compile", "step")
 
 
@@ -218,13 +225,14 @@ def main(argv=None) -> int:
     if lock is not None:
         lock.release()  # the run's files are all written
     summary = {k: result.to_dict()[k] for k in ("status", "epochs", "val_acc", "test_acc", "test_top5", "wall_s")}
-    summary.update(model=cfg.model, dataset=cfg.dataset, measure=cfg.measure, downsample=cfg.downsample,
+    summary.update(model=cfg.model, dataset=cfg.dataset, measure=cfg.measure, downsample=cfg.downsample, counts=cfg.counts,
                    seed=cfg.seed, out=cfg.out_dir)
     if args.json:
         print(json.dumps(json_safe(summary)))
     else:
         test = "n/a" if result.test_acc is None else f"{100 * result.test_acc:.2f}%"
-        print(f"{result.status}: {cfg.model} on {cfg.dataset} with {cfg.measure} ({cfg.downsample} downsampling), "
+        print(f"{result.status}: {cfg.model} on {cfg.dataset} with {cfg.measure} ({cfg.downsample} downsampling, "
+              f"{cfg.counts} counts), "
               f"{result.epochs} epochs, "
               f"test accuracy {test}, {result.wall_s:.1f} s; run folder {cfg.out_dir}")
     return 0

@@ -14,7 +14,7 @@ from refimpl.cli import SEED_MAX
 from refimpl.genome import Genome
 
 from .data import canonical_name, check_split_sizes, read_arrays
-from .models import MODELS, check_downsample
+from .models import MODELS, check_counts, check_downsample
 from .settings import PRESETS, STEPS, from_mapping
 
 _DIGITS = PRESETS["digits"]
@@ -45,6 +45,7 @@ class TrainConfig:
     resume: bool = False  # continue from out_dir/checkpoint.pt if it exists
     download: bool = False
     downsample: str = "binary"  # binary | real shortcut of a unit that changes size or width (docs/design.md section 6)
+    counts: str = "raw"  # the count convention of every binary layer (refimpl/conventions.py, docs/design.md section 2)
 
     def __post_init__(self) -> None:
         self.milestones = tuple(int(m) for m in self.milestones)
@@ -67,6 +68,7 @@ class TrainConfig:
             raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
         self.measure = str(Genome.parse(self.measure))
         check_downsample(self.downsample)
+        check_counts(self.counts)
         _check_int("epochs", self.epochs, 1)
         _check_int("batch_size", self.batch_size, 1)
         _check_int("seed", self.seed, 0, SEED_MAX)

@@ -35,8 +35,8 @@ EVAL_BATCH = 500  # images per evaluation forward pass; memory only, not accurac
 # On CUDA the loss is checked for NaN/inf every this many steps, not every step: each check
 # waits for the GPU, and a diverged run loses at most these steps.
 CUDA_FINITE_CHECK_EVERY = 16
-# What a resumed run must share with its checkpoint (downsample is checked on its own: old
-# checkpoints lack it).
+# What a resumed run must share with its checkpoint (downsample and counts are checked on their
+# own: old checkpoints lack them).
 RESUME_MUST_MATCH = ("model", "dataset", "measure", "seed", "split_seed", "batch_size", "lr", "gamma", "train_size")
 # torch.compile's backend for the compiled and graphs steps (the tests take "aot_eager": TorchDynamo
 # and AOTAutograd as on the GPU, without inductor's minutes of C++ on a 2-core CPU).
@@ -153,10 +153,11 @@ def _check_resumable(cfg: TrainConfig, ckpt: dict, ckpt_path: str) -> None:
     for key in RESUME_MUST_MATCH:
         if saved.get(key) != getattr(cfg, key):
             raise ValueError(f"cannot resume {ckpt_path}: it was trained with {key}={saved.get(key)!r}, not {getattr(cfg, key)!r}")
-    # A checkpoint written before the option has no key: it trained the binary kind.
-    if saved.get("downsample", "binary") != cfg.downsample:
-        raise ValueError(f"cannot resume {ckpt_path}: it was trained with "
-                         f"downsample={saved.get('downsample', 'binary')!r}, not {cfg.downsample!r}")
+    # A checkpoint written before the options has no key: it trained the binary kind, raw counts.
+    for key, default in (("downsample", "binary"), ("counts", "raw")):
+        if saved.get(key, default) != getattr(cfg, key):
+            raise ValueError(f"cannot resume {ckpt_path}: it was trained with "
+                             f"{key}={saved.get(key, default)!r}, not {getattr(cfg, key)!r}")
 
 
 def _data_for(cfg: TrainConfig, data: Dataset | None, device: torch.device) -> Dataset:
@@ -178,7 +179,7 @@ def _build(cfg: TrainConfig, data: Dataset, device: torch.device, fused: bool = 
     # Seeds first: the model's initialization draws from them. fused: Adam's one-kernel CUDA step.
     gen = seed_everything(cfg.seed)
     model = build_model(cfg.model, cfg.measure, data.num_classes, data.input_shape,
-                        downsample=cfg.downsample).to(device)
+                        downsample=cfg.downsample, counts=cfg.counts).to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=ADAM_BETAS, **({"fused": True} if fused else {}))

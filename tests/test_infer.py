@@ -24,6 +24,7 @@ from bnn.layers import BinaryConv2d, sign
 from bnn.train import TrainConfig, train_model
 from refimpl import datasets, engine
 from refimpl.codegen import epilogue_template
+from refimpl.conventions import NAMES as CONVENTIONS
 from refimpl.engine import epilogue, plan
 from refimpl.engine.format import FORMAT
 from refimpl.genome import PAPER_MEASURES, Genome
@@ -252,8 +253,9 @@ def _covering_genomes():
     return out
 
 
+@pytest.mark.parametrize("counts", CONVENTIONS)
 @pytest.mark.parametrize("genome", list(PAPER_MEASURES) + _covering_genomes())
-def test_generated_measure_equals_refimpl_measure_float32(genome):
+def test_generated_measure_equals_refimpl_measure_float32(genome, counts):
     rng = np.random.default_rng(7)
     shape = (2, 6, 257)
     a, b, c, d = (rng.integers(0, 700, shape) for _ in range(4))
@@ -261,9 +263,9 @@ def test_generated_measure_equals_refimpl_measure_float32(genome):
     d[0, 1, :20] = 0
     c[1, 2, :20] = 0
     alpha = rng.uniform(-2, 2, (4, 6)).astype(np.float32)
-    expected = measure(genome, a, b, c, d, alpha=alpha, dtype=np.float32)
+    expected = measure(genome, a, b, c, d, alpha=alpha, dtype=np.float32, counts=counts)
     got = np.empty(shape, np.float32)
-    mod = epilogue.load(genome)
+    mod = epilogue.load(genome, counts)
     mod.measure_array(*(v.astype(np.float32) for v in (a, b, c, d)), alpha, got)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
     np.testing.assert_array_equal(got, expected)  # infinities with their signs, finite values exactly

@@ -25,7 +25,7 @@ def test_model_outputs_logits_for_its_input_shape(name):
     assert model(x).shape == (2, 7)
     assert model.config == {
         "arch": name, "measure": "0-0-0-0-0-0-1", "num_classes": 7, "input_shape": list(x.shape[1:]),
-        "downsample": "binary",
+        "downsample": "binary", "counts": "raw",
     }
 
 

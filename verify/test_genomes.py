@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import bnn
 import refimpl
+from refimpl.conventions import NAMES as CONVENTIONS
 from refimpl.operators import N_BINARY, N_UNARY
 from verify import naive
 from verify.strategies import alphas, count_arrays
@@ -24,9 +25,10 @@ genomes = st.tuples(*[st.integers(0, N_UNARY - 1)] * 4, *[st.integers(0, N_BINAR
     counts=count_arrays(shape=(2, 3, 8)),
     alpha=alphas(3),
     dtype=st.sampled_from([np.float64, np.float32]),
+    convention=st.sampled_from(CONVENTIONS),
 )
-def test_random_genomes_torch_matches_refimpl(codes, counts, alpha, dtype):
-    failures = check_genome(codes, *counts, alpha, dtype)
+def test_random_genomes_torch_matches_refimpl(codes, counts, alpha, dtype, convention):
+    failures = check_genome(codes, *counts, alpha, dtype, counts=convention)
     assert not failures, "\n".join(failures)
 
 

@@ -1,4 +1,5 @@
-"""All 252 operator pairs, float64 and float32: the torch path agrees with refimpl (docs/design.md section 5).
+"""All 252 operator pairs, float64 and float32, under every count convention: the torch path agrees
+with refimpl (docs/design.md section 5).
 
 For unary U and binary B (iterated from the table, so a new row is covered automatically), the
 genome U-U-U-U-B-B-B is checked node by node with the rule in verify/tolerance.py: the U nodes
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+from refimpl.conventions import NAMES as CONVENTIONS
 from refimpl.operators import BINARY, UNARY
 from verify.strategies import alphas, count_arrays
 from verify.tolerance import check_genome
@@ -29,4 +31,16 @@ PAIRS = [
 def test_torch_matches_refimpl_on_pair(unary, binary, dtype, counts, alpha):
     codes = (unary,) * 4 + (binary,) * 3
     failures = check_genome(codes, *counts, alpha, dtype)
+    assert not failures, "\n".join(failures)
+
+
+# The other conventions change only the operands' range (counts in [0, 1]), so fewer examples
+# a pair: the conversion itself is checked exactly, on many more, in test_conventions.py.
+@pytest.mark.parametrize("counts", [c for c in CONVENTIONS if c != "raw"])
+@pytest.mark.parametrize(("unary", "binary", "dtype"), PAIRS)
+@settings(max_examples=5)
+@given(counts_=count_arrays(shape=(2, 3, 8)), alpha=alphas(3))
+def test_torch_matches_refimpl_on_pair_under_convention(unary, binary, dtype, counts, counts_, alpha):
+    codes = (unary,) * 4 + (binary,) * 3
+    failures = check_genome(codes, *counts_, alpha, dtype, counts=counts)
     assert not failures, "\n".join(failures)

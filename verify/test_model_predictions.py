@@ -23,12 +23,17 @@ from refimpl import engine
 from verify.nets import downsampling_net
 
 MEASURES = ("baseline", "M1", "M7", "M9")
-# (net, downsample kind, measure). M5 and M9 are not finite with binary downsampling here (a
-# 1x1 window has c = 0 somewhere; docs/design.md section 6), so the binary net is checked with finite measures.
+# (net, downsample kind, measure, count convention). M5 and M9 are not finite with binary
+# downsampling and raw counts here (a 1x1 window has c = 0 somewhere; docs/design.md section 6),
+# so the binary net is checked with finite measures; laplace counts are never 0 (section 2).
 CASES = (
-    [("digits_net", "binary", name) for name in MEASURES]
-    + [("downsampling_net", "binary", name) for name in ("baseline", "M1")]
-    + [("downsampling_net", "real", name) for name in ("baseline", "M5", "M9")]
+    [("digits_net", "binary", name, "raw") for name in MEASURES]
+    + [("downsampling_net", "binary", name, "raw") for name in ("baseline", "M1")]
+    + [("downsampling_net", "real", name, "raw") for name in ("baseline", "M5", "M9")]
+    + [("digits_net", "binary", name, "freq") for name in ("M3", "M6", "M10")]
+    + [("downsampling_net", "binary", "M5", counts) for counts in ("freq", "laplace")]
+    + [("downsampling_net", "binary", "M9", "laplace")]  # freq keeps c = 0, and atan(0) = 0 divides
+    + [("digits_net", "binary", name, "laplace") for name in ("baseline", "M1", "M7")]
 )
 _DIGITS = load_digits()
 _IMAGES = torch.from_numpy(_DIGITS.images.astype(np.float32).reshape(-1, 1, 8, 8))
@@ -41,14 +46,14 @@ def _normalized(idx) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """(net, kind, measure) -> (torch model, engine model), built once per session."""
+    """(net, kind, measure, counts) -> (torch model, engine model), built once per session."""
     out = {}
-    for net, kind, name in CASES:
+    for net, kind, name, counts in CASES:
         torch.manual_seed(0)
         if net == "downsampling_net":
-            model = downsampling_net(name, 10, (1, 8, 8), downsample=kind)
+            model = downsampling_net(name, 10, (1, 8, 8), downsample=kind, counts=counts)
         else:
-            model = build_model(net, name, 10, (1, 8, 8), downsample=kind)
+            model = build_model(net, name, 10, (1, 8, 8), downsample=kind, counts=counts)
         gen = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for m in model.modules():
@@ -56,9 +61,9 @@ def exported(tmp_path_factory):
                     # Away from the initial values, so a mis-indexed alpha cannot pass.
                     m.alpha.copy_(0.5 + 2 * torch.rand(m.alpha.shape, generator=gen))
         calibrate_batchnorm(model, _normalized(slice(0, 512)))
-        path = tmp_path_factory.mktemp("models") / f"{net}-{kind}-{name}.bnn"
+        path = tmp_path_factory.mktemp("models") / f"{net}-{kind}-{name}-{counts}.bnn"
         export_model(model, str(path))
-        out[net, kind, name] = (model, engine.load(str(path)))
+        out[net, kind, name, counts] = (model, engine.load(str(path)))
     return out
 
 
@@ -85,7 +90,7 @@ def test_engine_predicts_what_torch_predicts(exported, case, data):
 @settings(max_examples=6)
 @given(data=st.data())
 def test_baseline_layer_counts_are_identical(exported, net, kind, data):
-    model, cpu = exported[net, kind, "baseline"]
+    model, cpu = exported[net, kind, "baseline", "raw"]
     idx = data.draw(st.lists(st.integers(0, len(_IMAGES) - 1), min_size=1, max_size=16), label="images")
     x = _normalized(idx)
     seen = []

@@ -45,6 +45,7 @@ import torch
 
 import refimpl
 from bnn.measure import binary as torch_binary
+from bnn.measure import convert_counts
 from bnn.measure import measure as torch_measure
 from bnn.measure import unary as torch_unary
 
@@ -89,7 +90,7 @@ def violations(t, r, tol, skip=None) -> np.ndarray:
     return ~ok
 
 
-def refimpl_nodes(codes, a, b, c, d, alpha, dtype) -> dict[str, np.ndarray]:
+def refimpl_nodes(codes, a, b, c, d, alpha, dtype, counts="raw") -> dict[str, np.ndarray]:
     """refimpl's value at every node of the graph, each through the public ``refimpl.measure``.
 
     A node is isolated by a genome that zeroes the other slots and passes the node through
@@ -113,7 +114,7 @@ def refimpl_nodes(codes, a, b, c, d, alpha, dtype) -> dict[str, np.ndarray]:
     try:
         with np.errstate(all="ignore"):
             return {
-                k: refimpl.measure(refimpl.Genome(g), a, b, c, d, alpha=alpha, dtype=dtype)
+                k: refimpl.measure(refimpl.Genome(g), a, b, c, d, alpha=alpha, dtype=dtype, counts=counts)
                 for k, g in genomes.items()
             }
     finally:
@@ -221,16 +222,19 @@ def _binary_nodes(codes, ref, own: dict, relaxed: dict, dtype, failures: list[st
         own[name] = t_own
 
 
-def check_genome(codes, a, b, c, d, alpha, dtype) -> list[str]:
+def check_genome(codes, a, b, c, d, alpha, dtype, counts="raw") -> list[str]:
     """Compare the torch path with refimpl on one genome; return the failures (empty: agree).
 
     ``a, b, c, d``: float64 arrays of counts (N, C, ...); ``alpha``: (4, C) float64 exactly
-    representable in ``dtype``.
+    representable in ``dtype``; ``counts``: the count convention both paths apply first (its
+    converted counts must be identical: one correctly rounded division, refimpl/conventions.py).
     """
     dtype = np.dtype(dtype)
     tdtype = torch.float64 if dtype == np.float64 else torch.float32
-    ref = refimpl_nodes(codes, a, b, c, d, alpha, dtype)
-    counts_t = [torch.as_tensor(np.asarray(v, dtype=dtype)) for v in (a, d, b, c)]  # slot order
+    ref = refimpl_nodes(codes, a, b, c, d, alpha, dtype, counts)
+    raw_t = [torch.as_tensor(np.asarray(v, dtype=dtype)) for v in (a, b, c, d)]
+    ca, cb, cc, cd = convert_counts(counts, *raw_t)
+    counts_t = [ca, cd, cb, cc]  # slot order
     alpha_t = torch.as_tensor(np.asarray(alpha, dtype=dtype))
     per_channel = (1, a.shape[1]) + (1,) * (a.ndim - 2)
     failures = []
@@ -240,9 +244,7 @@ def check_genome(codes, a, b, c, d, alpha, dtype) -> list[str]:
     _binary_nodes(codes, ref, own, relaxed, dtype, failures)
 
     # bnn.measure itself must be exactly the step-by-step torch evaluation (same wiring).
-    whole = torch_measure(
-        refimpl.Genome(tuple(codes)), *(torch.as_tensor(np.asarray(v, dtype=dtype)) for v in (a, b, c, d)), alpha_t
-    )
+    whole = torch_measure(refimpl.Genome(tuple(codes)), *raw_t, alpha_t, counts=counts)
     assert whole.dtype == tdtype
     if not np.array_equal(whole.numpy(), own["out"], equal_nan=True):
         failures.append("bnn.measure differs from its own step-by-step evaluation")

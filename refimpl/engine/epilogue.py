@@ -20,9 +20,11 @@ import hashlib
 import os
 import sys
 import tempfile
+import threading
 import types
 
 from ..codegen.epilogue_template import driver_signature, generate, task_signature
+from ..conventions import DEFAULT as DEFAULT_COUNTS
 from ..genome import Genome
 from . import _drivers
 from .float_kernels import RUN_THREADS
@@ -32,6 +34,9 @@ from .task_call import native_address
 # equal share of the runs, so more runs than threads only add calls (64 runs instead of 4 a
 # thread cost 2-8% of a 64-channel layer at batch 1).
 PARTS_PER_THREAD = 4
+# Held while a module is made or a kernel compiled: two threads compiling one dispatcher left the
+# second with RuntimeError('compilation disabled') (issue 30 item 8). Reentrant: kernel -> _driver.
+_COMPILE_LOCK = threading.RLock()
 
 
 def cache_dir() -> str:
@@ -43,13 +48,19 @@ def cache_dir() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _driver(name: str):
-    """The parallel loop ``name`` of ``_drivers.py``, compiled (or loaded from Numba's cache) once
-    for every genome, for its one signature."""
+def _compiled_driver(name: str):
     fn = getattr(_drivers, name)
     fn.compile(driver_signature(name))
     fn.disable_compile()
     return fn
+
+
+def _driver(name: str):
+    """The parallel loop ``name`` of ``_drivers.py``, compiled (or loaded from Numba's cache) once
+    for every genome, for its one signature, by one thread at a time (``lru_cache`` alone lets two
+    threads both compile it)."""
+    with _COMPILE_LOCK:
+        return _compiled_driver(name)
 
 
 def kernel(module, name: str):
@@ -61,12 +72,15 @@ def kernel(module, name: str):
     argument types, and further compiles disabled: arguments of other types raise instead of
     reaching the task with a layout it was not compiled for."""
     kernels = module.__dict__.setdefault("_KERNELS", {})
-    if name not in kernels:
-        task = getattr(module, f"{name}_task")
-        if not task.signatures:
-            task.compile(task_signature(name))
-            task.disable_compile()
-        kernels[name] = _Kernel(_driver(name), native_address(task))
+    if name in kernels:
+        return kernels[name]
+    with _COMPILE_LOCK:
+        if name not in kernels:  # another thread may have made it while this one waited
+            task = getattr(module, f"{name}_task")
+            if not task.signatures:
+                task.compile(task_signature(name))
+                task.disable_compile()
+            kernels[name] = _Kernel(_driver(name), native_address(task))
     return kernels[name]
 
 
@@ -121,24 +135,34 @@ def private_cache_dir() -> str:
     return _FALLBACK[0]
 
 
-def module_name(genome) -> tuple[str, str]:
+def module_name(genome, counts: str = DEFAULT_COUNTS) -> tuple[str, str]:
     """(the module's name, which is also its file's stem, and its generated text)."""
     g = Genome.parse(genome)
-    text = generate(g)
+    text = generate(g, counts)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return f"bnn_measure_epilogue_{str(g).replace('-', '_')}_{digest}", text
+    # raw keeps the name it had before conventions existed (the text, hence the digest, is new).
+    convention = "" if counts == DEFAULT_COUNTS else f"_{counts}"
+    return f"bnn_measure_epilogue_{str(g).replace('-', '_')}{convention}_{digest}", text
 
 
-def load(genome):
-    """The compiled epilogue module for ``genome`` (generated into the cache directory once).
+def load(genome, counts: str = DEFAULT_COUNTS):
+    """The compiled epilogue module for ``genome`` under the count convention ``counts``
+    (generated into the cache directory once).
 
     The module runs from the text generated here, compiled with ``compile()``: never from what
     the folder holds, so a planted ``.py`` or ``__pycache__/*.pyc`` is never executed. The file
     is still written (and rewritten when it differs): Numba's cache is keyed by a real source
     file, and its line numbers point into it."""
-    key, text = module_name(genome)
+    key, text = module_name(genome, counts)
     if key in _LOADED:
         return _LOADED[key]
+    with _COMPILE_LOCK:  # two threads loading one genome make one module, not two
+        if key not in _LOADED:
+            _LOADED[key] = _make_module(key, text)
+    return _LOADED[key]
+
+
+def _make_module(key: str, text: str):
     directory = private_cache_dir()
     path = os.path.join(directory, f"{key}.py")
     current = None
@@ -160,5 +184,4 @@ def load(genome):
     except BaseException:
         sys.modules.pop(key, None)
         raise
-    _LOADED[key] = module
     return module

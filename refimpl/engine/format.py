@@ -14,11 +14,16 @@ from typing import ClassVar, Union
 
 import numpy as np
 
+from ..conventions import DEFAULT as DEFAULT_COUNTS
 from ..genome import Genome
 
 FORMAT = "bnn-measure"
+# Version 2 is a model whose count convention is not raw: an engine that reads only version 1
+# ignores the "counts" key and would run the model on raw counts, so it must refuse the file.
+# A raw model stays version 1 (older engines read it right).
 VERSION = 1
-SUPPORTED_VERSIONS = (VERSION,)
+COUNTS_VERSION = 2
+SUPPORTED_VERSIONS = (VERSION, COUNTS_VERSION)
 DOWNSAMPLE_KINDS = ("binary", "real")
 RESIDUALS = ("none", "identity", "down", "real")
 # The shortcut a file of each downsampling kind must not hold (docs/design.md section 6).
@@ -207,6 +212,7 @@ class Description:
     pixel_max: float | None
     downsample: str  # one of DOWNSAMPLE_KINDS
     layers: list[Layer]
+    counts: str = DEFAULT_COUNTS  # the count convention (refimpl/conventions.py)
     arch: str | None = None
     dataset: str | None = None
     source_sha256: str | None = None
@@ -215,12 +221,13 @@ class Description:
         """The file's JSON document (stored under the metadata key ``FORMAT``)."""
         return {
             "format": FORMAT,
-            "version": VERSION,
+            "version": VERSION if self.counts == DEFAULT_COUNTS else COUNTS_VERSION,
             "arch": self.arch,
             "genome": str(self.genome),
             "num_classes": int(self.num_classes),
             "input_shape": _ints(self.input_shape),
             "downsample": self.downsample,
+            "counts": self.counts,
             "input": {"mean": [float(v) for v in self.mean], "std": [float(v) for v in self.std],
                       "pixel_max": self.pixel_max, "normalization": "(pixel - mean[c]) / std[c], raw pixel units"},
             "dataset": self.dataset,

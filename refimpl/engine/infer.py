@@ -186,6 +186,7 @@ def run(args) -> dict:
         "arch": model.meta.get("arch"),
         "genome": str(model.genome),
         "downsample": model.downsample,
+        "counts": model.counts,
         "source": source,
         "nonfinite": int((~np.isfinite(logits).all(axis=1)).sum()),
     }
@@ -202,7 +203,8 @@ def main(argv=None) -> int:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     acc = "n/a (no labels)" if summary["accuracy"] is None else f"{100 * summary['accuracy']:.2f}%"
-    print(f"{summary['arch']} ({summary['genome']}, {summary['downsample']} downsampling) on {summary['n']} images "
+    print(f"{summary['arch']} ({summary['genome']}, {summary['downsample']} downsampling, {summary['counts']} counts) "
+          f"on {summary['n']} images "
           f"from {summary['source']}: "
           f"accuracy {acc}; {summary['images_per_s']:.0f} images/s at batch {summary['batch']}, "
           f"batch-1 latency {summary['latency_ms_batch1']:.3f} ms, {summary['threads']} threads")

@@ -29,9 +29,15 @@ too short (measured at batch 1: the epilogue of a 256-channel 8x8 layer went fro
 
 Everything is float32 (counts are int32 until they enter the measure, exact in float32 below
 2**24). Per input shape the engine keeps a plan (``plan.py``): buffers, GEMM indexing and window sums, so a
-batch-1 call does no allocation beyond the outputs it returns. A ``Model`` is therefore not
-safe to run from two threads at once; Numba parallelizes inside each call instead
-(``numba.set_num_threads``).
+batch-1 call does no allocation beyond the outputs it returns.
+
+Threads: ``run`` (and ``predict``) may be called from any number of threads, on one ``Model`` or
+several, and every call returns what a serial run returns, bit for bit; the calls are
+serialized, one at a time in a process (``_RUN_LOCK``): a plan's buffers are reused by every call
+of its batch size, Numba's thread count is read once a run, and its default threading layer
+cannot run two parallel regions at once. Numba parallelizes inside each call instead
+(``numba.set_num_threads``), so serializing costs a server little; a process per worker runs
+models truly at once. First runs compile each kernel once (``epilogue.py``).
 
 Semantics are the PyTorch model's in eval mode: docs/design.md section 1 counts (padded taps count
 in none of a, b, c, d), the measure as ``refimpl.measure(dtype=float32)`` computes it, BatchNorm
@@ -39,6 +45,7 @@ as torch's CPU kernel computes it (``bnn/export.py`` derives the folding).
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import numba
@@ -49,6 +56,10 @@ from .float_kernels import RUN_THREADS
 from .model_file import describe, read
 from .plan import build_plan
 
+# One run at a time in the process (the module docstring says why): a shared Model's plan
+# buffers, the engine's thread count and Numba's parallel layer are not for two runs at once.
+_RUN_LOCK = threading.RLock()
+
 
 class Model:
     """A loaded ``.bnn`` model. ``run`` takes normalized NCHW float32; ``predict`` raw images."""
@@ -58,9 +69,10 @@ class Model:
         self.meta = meta
         d = describe(meta, tensors, path)
         self.genome, self.input_shape, self.downsample, self.layers = d.genome, d.input_shape, d.downsample, d.layers
+        self.counts = d.counts  # the count convention (refimpl/conventions.py)
         self.num_classes, self.class_names = d.num_classes, d.class_names
         self.mean, self.std, self.pixel_max = d.mean, d.std, d.pixel_max
-        self._epilogue = epilogue.load(self.genome)
+        self._epilogue = epilogue.load(self.genome, self.counts)
         self._plans: dict = {}
         self.last_timings: list[tuple[str, float]] = []
 
@@ -121,19 +133,22 @@ class Model:
         ``debug=True`` also returns, per binary convolution, ``{"name", "a", "b", "c", "d"}`` int64
         (N, O, Ho, Wo) counts and the unit's float output ``"y"``, for parity tests.
         ``timings=True`` records per-layer seconds in ``self.last_timings``.
+        Safe from many threads: calls are serialized and each returns the serial result (the
+        module docstring says why).
         """
         x = self.check_input(x)
-        RUN_THREADS[0] = numba.get_num_threads()
-        plan = self._plan(x.shape[0])
-        record = [] if debug else None
-        clock = []
-        for step in plan.steps:
-            t0 = time.perf_counter() if timings else 0.0
-            x = step(x, record)
+        with _RUN_LOCK:
+            RUN_THREADS[0] = numba.get_num_threads()
+            plan = self._plan(x.shape[0])
+            record = [] if debug else None
+            clock = []
+            for step in plan.steps:
+                t0 = time.perf_counter() if timings else 0.0
+                x = step(x, record)
+                if timings:
+                    clock.append((step.label, time.perf_counter() - t0))
             if timings:
-                clock.append((step.label, time.perf_counter() - t0))
-        if timings:
-            self.last_timings = clock
+                self.last_timings = clock
         return (x, record) if debug else x
 
 

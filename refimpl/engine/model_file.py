@@ -14,17 +14,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..conventions import DEFAULT as DEFAULT_COUNTS
+from ..conventions import NAMES as COUNT_CONVENTIONS
 from ..genome import Genome
 from ..kernels.bits import WORD_BITS, n_words
 from ..kernels.geometry import FLOAT32_EXACT_COUNT
 from ..kernels.window_sums import word_popcounts
 from ._safetensors import ModelFileError, cut, is_int, json_value, read_container, show
 from .format import (
+    COUNTS_VERSION,
     DOWNSAMPLE_KINDS,
     FOREIGN_SHORTCUT,
     FORMAT,
     RESIDUALS,
     SUPPORTED_VERSIONS,
+    VERSION,
     BinaryConv,
     BinaryUnit,
     Description,
@@ -141,6 +145,18 @@ def _metadata(header: dict, path: str) -> dict:
 # ----------------------------------------------------------------------------------------------
 # The metadata's model description: input, classes, then one parser per layer kind
 # ----------------------------------------------------------------------------------------------
+def _count_convention(meta: dict, where: str) -> str:
+    # Files written before conventions existed (version 1, no key) are raw; a version 1 file
+    # that names another convention was not written by bnn.export, and version 2 must name one.
+    counts = meta.get("counts", DEFAULT_COUNTS)
+    if counts not in COUNT_CONVENTIONS:
+        raise ModelFileError(f"{where}: counts must be one of {', '.join(COUNT_CONVENTIONS)}, got {show(counts)}")
+    if (counts == DEFAULT_COUNTS) != (meta.get("version") == VERSION):
+        raise ModelFileError(f"{where}: format version {meta.get('version')} does not go with counts {counts!r} "
+                             f"(version {VERSION} is raw counts, {COUNTS_VERSION} another convention)")
+    return counts
+
+
 def _downsample_kind(meta: dict, where: str) -> str:
     kind = meta.get("downsample", "binary")  # files written before the option are binary
     if kind not in DOWNSAMPLE_KINDS:
@@ -382,13 +398,14 @@ def describe(meta: dict, tensors: dict, where: str) -> Description:
     num_classes, class_names = _classes(meta, where)
     mean, std, pixel_max = _normalization(meta, input_shape[0], where)
     downsample = _downsample_kind(meta, where)
+    counts = _count_convention(meta, where)
     chain = _Chain(tensors, *input_shape, num_classes, downsample)
     layers = _parse_layers(meta.get("layers"), chain, where)
     unused = set(tensors) - chain.used
     if unused:
         raise ModelFileError(f"{where}: tensors not described by the metadata: {cut(', '.join(sorted(unused)), 200)}")
     return Description(genome, input_shape, num_classes, class_names, mean, std, pixel_max, downsample, layers,
-                       arch=_optional_text(meta, "arch"), dataset=_optional_text(meta, "dataset"),
+                       counts=counts, arch=_optional_text(meta, "arch"), dataset=_optional_text(meta, "dataset"),
                        source_sha256=_optional_text(meta, "source_sha256"))
 
 
