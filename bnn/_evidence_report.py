@@ -12,6 +12,7 @@ import os
 import platform
 
 from refimpl.fileio import atomic_write_bytes as atomic_write  # temp file, fsync, rename, fsync the folder
+from refimpl.fileio import check_output
 
 from . import _stats
 from .paper_results import MEASURES
@@ -178,8 +179,18 @@ def plot_png(rows: list[dict], title: str) -> bytes:
     return buf.getvalue()
 
 
+REPORT_FILES = ("results.json", "results.md", "accuracy.png")
+
+
+def check_report_files(root: str) -> None:
+    """Refuse a report file that is not a regular file (a folder in its place) before any cell trains."""
+    for name in REPORT_FILES:
+        check_output(os.path.join(root, name))
+
+
 def write_report(root: str, results: dict, plot: bool, log) -> None:
-    atomic_write(os.path.join(root, "results.json"), (json.dumps(results, indent=1) + "\n").encode())
+    # allow_nan=False: results.json is strict JSON; the journal's reader let no NaN in.
+    atomic_write(os.path.join(root, "results.json"), (json.dumps(results, indent=1, allow_nan=False) + "\n").encode())
     atomic_write(os.path.join(root, "results.md"), markdown(results).encode())
     if not plot:
         return

@@ -31,6 +31,7 @@ from refimpl.cli import SEED_MAX, OneLineParser, nonnegative_int, parse_int, pos
 from refimpl.genome import Genome
 
 from . import _evidence_report as report
+from ._evidence_journal import GridError, append_line, read_journal, start_journal
 from .paper_results import MEASURES
 from .runlock import RunDirInUse, hold_run_dir
 from .settings import FITNESS
@@ -57,15 +58,10 @@ REAL_MEASURES = ("baseline", "M5", "M9")  # also trained with downsample=real
 SMOKE = dict(dataset="digits", measures="baseline,M1", seeds="0,1", real_measures="none", epochs=1,
              batch_size=512, milestones="")
 
-STATUSES = ("ok", "diverged", "rejected", "error")
 FINAL = ("ok", "diverged", "rejected")  # an "error" cell is trained again by a rerun
 # Fields of TrainConfig that vary per cell or only say where/how to run: not part of the protocol.
 _NOT_PROTOCOL = ("measure", "seed", "downsample", "device", "data_dir", "out_dir", "resume", "download",
                  "compile", "eval_test")
-
-
-class GridError(Exception):
-    """A one-line user error: the CLI prints it and exits 2."""
 
 
 # =============================================================================================
@@ -142,53 +138,6 @@ def lock_root(root: str):
         who = f"pid {exc.pid}" if exc.pid is not None else "pid unknown"
         raise GridError(f"another bnn.evidence run holds {root} ({who}); "
                         "wait for it to finish or use another --root") from None
-
-
-def read_journal(path: str, log) -> tuple[dict | None, dict[str, dict]]:
-    """(protocol, finished cells by key; the last line of a key wins). A torn last line, left
-    by a kill in the middle of a write, is reported and cut off; any other bad line is an error."""
-    if not os.path.isfile(path):
-        return None, {}
-    with open(path, "rb") as f:
-        raw = f.read()
-    lines, good_end, rows = raw.split(b"\n"), 0, []
-    for i, line in enumerate(lines):
-        last = i == len(lines) - 1
-        if last and not line:
-            break
-        try:
-            row = json.loads(line)
-            if last:  # complete JSON without its newline: the write was cut before it ended
-                raise ValueError
-        except ValueError:
-            if not (last or (i == len(lines) - 2 and not lines[-1])):
-                raise GridError(f"{path} line {i + 1} is not JSON; repair or remove that line, or use another --root") from None
-            log(f"{path}: ignored a torn last line")
-            with open(path, "r+b") as f:
-                f.truncate(good_end)
-                f.flush()
-                os.fsync(f.fileno())
-            break
-        rows.append(row)
-        good_end += len(line) + 1
-    if not rows:
-        return None, {}
-    if rows[0].get("kind") != "protocol":
-        raise GridError(f"{path} does not start with a protocol line; use another --root")
-    if any("key" not in r or r.get("status") not in STATUSES for r in rows[1:]):
-        raise GridError(f"{path} holds a line that is not a cell of this grid; use another --root")
-    return rows[0]["protocol"], {r["key"]: r for r in rows[1:]}
-
-
-def append_line(path: str, row: dict) -> None:
-    """Append ``row`` as one JSON line in one write, fsynced: a kill leaves whole lines or a torn tail."""
-    data = (json.dumps(row) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)  # one write per line: a kill leaves a whole line or a torn tail
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def check_protocol(saved: dict, wanted: dict, root: str) -> None:
@@ -282,11 +231,10 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
     journal = os.path.join(root, "journal.jsonl")
     configs = {c["key"]: cell_config(base, c) for c in cells}
     with lock_root(root):
+        report.check_report_files(root)  # a folder named results.json: said now, not after every cell
         saved, done = read_journal(journal, log)
         if saved is None:
-            with open(journal, "wb"):
-                pass  # a torn protocol line is replaced, not appended to
-            append_line(journal, {"kind": "protocol", "version": 1, "protocol": protocol})
+            start_journal(journal, protocol)  # a torn protocol line is replaced, not appended to
         else:
             check_protocol(saved, protocol, root)
         todo = [c for c in cells if done.get(c["key"], {}).get("status") not in FINAL]

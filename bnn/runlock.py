@@ -5,7 +5,8 @@ this process's pid into it; a second process (or a second holder in this one) ge
 ``RunDirInUse``, whose text is the one line the command lines print. The lock is the kernel's
 (``flock`` on POSIX, ``msvcrt.locking`` on Windows), so it vanishes with its process: a SIGKILLed
 run leaves a stale ``lock`` file but never a stale lock, and the file is never deleted (deleting
-it would let two processes lock two different files of one name).
+it would let two processes lock two different files of one name). A ``lock`` that is a symbolic
+link or not a regular file is refused (``refimpl.fileio.open_regular``), never written through.
 
     with hold_run_dir(run_dir):
         ... read the journal, replay, append, write the results ...
@@ -15,6 +16,8 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+
+from refimpl.fileio import open_regular
 
 try:
     import fcntl
@@ -105,7 +108,9 @@ def hold_run_dir(run_dir, create: bool = True) -> RunLock:
     elif not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such folder")
     path = run_dir / LOCK
-    fh = open(path, "a+b")  # noqa: SIM115 - held open for the run. Never truncated before the lock: the holder's pid is in there
+    # Held open for the run, never truncated before the lock (the holder's pid is in there), and
+    # never through a link: a planted ``lock -> someone's file`` would have that file overwritten.
+    fh = os.fdopen(open_regular(path, os.O_RDWR | os.O_CREAT, 0o644), "r+b")
     try:
         if not _try_lock(fh):
             raise RunDirInUse(run_dir, _read_pid(path))

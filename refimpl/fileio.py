@@ -1,6 +1,6 @@
 """Durable, atomic output files: the one writer every command uses (NumPy-free, torch-free).
 
-A file is written to ``.NAME.tmp.<pid>`` in its own folder, flushed and fsynced, renamed over
+A file is written to ``.NAME.tmp.<pid>.<tag>`` in its own folder, flushed and fsynced, renamed over
 ``NAME`` (``os.replace``) and the folder is fsynced, so a reader, a kill or a power cut leaves
 the old file or the new one, never half of one. A failed write (a full disk, a quota, a
 read-only folder) removes the temp file, keeps the old file byte for byte and raises
@@ -15,11 +15,17 @@ A destination that exists and is not a regular file (a folder, a FIFO, a device 
 symbolic link) is refused, never renamed over; ``check_output(path, inputs)`` says so up front
 and also refuses an output that is one of the command's inputs. A process killed while writing
 leaves its temp file behind: ``remove_stale_temps(folder)`` deletes those of processes that no
-longer exist, and the commands call it on their run folder at start.
+longer exist, and the commands call it on their run folder at start. ``<tag>`` is a hash of NAME
+and the pid, so only a file this module named is ever deleted: a user's ``notes.tmp.999999`` is not.
+
+``open_regular(path, flags)`` opens a file in a user's folder without following a symbolic link
+(``O_NOFOLLOW``) and refuses anything but a regular file: the journals and the run lock, which are
+appended to or written in place, use it, so a planted link cannot turn a write onto another file.
 """
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import re
 import stat
@@ -27,7 +33,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
 
-TEMP_PATTERN = re.compile(r"^\.?(?P<name>.+)\.tmp\.(?P<pid>[0-9]+)$")  # also the old "NAME.tmp.<pid>"
+TEMP_PATTERN = re.compile(r"^\.(?P<name>.+)\.tmp\.(?P<pid>[0-9]+)\.(?P<tag>[0-9a-f]{12})$")
 # A full disk or quota is the user's to fix by freeing space; other errors get a generic hint.
 _HINTS = {
     errno.ENOSPC: "free space and rerun",
@@ -53,10 +59,20 @@ class OutputError(OSError):
         return self.args[0]
 
 
+def _temp_tag(name: str, pid: int) -> str:
+    # Ties a temp name to this module: only a file named by temp_path matches its own tag.
+    return hashlib.sha256(f"refimpl.fileio temp\0{name}\0{pid}".encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
+def temp_name(name: str, pid: int) -> str:
+    """The temp file name ``atomic_file`` uses for the file ``name`` in process ``pid``."""
+    return f".{name}.tmp.{pid}.{_temp_tag(name, pid)}"
+
+
 def temp_path(path: str | os.PathLike) -> str:
-    """The temp file ``atomic_file`` writes for ``path``: ``.NAME.tmp.<pid>`` beside it."""
+    """The temp file ``atomic_file`` writes for ``path``: ``.NAME.tmp.<pid>.<tag>`` beside it."""
     folder, name = os.path.split(os.path.abspath(path))
-    return os.path.join(folder, f".{name}.tmp.{os.getpid()}")
+    return os.path.join(folder, temp_name(name, os.getpid()))
 
 
 def _kind(mode: int) -> str:
@@ -94,6 +110,41 @@ def check_output(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | N
         if same:
             raise OutputError(f"refusing to write {os.fspath(path)}: it is the input {os.fspath(inp)}, which "
                               "writing would destroy; choose another output path")
+
+
+def open_regular(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int:
+    """``os.open(path, flags)`` that never follows a symbolic link (``O_NOFOLLOW``) and refuses a
+    path that is not a regular file (before ``O_TRUNC`` could act: a FIFO or device is opened
+    without it); an ``OutputError`` names the problem. Returns the descriptor."""
+    refuse_non_regular(path)  # says what it is (a link, a FIFO) before any open that could block
+    # O_NONBLOCK: a FIFO swapped in after the check opens at once (and is refused below), never
+    # hangs; a regular file ignores it.
+    nofollow = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, (flags & ~os.O_TRUNC) | nofollow, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link planted between the check and the open
+            raise OutputError(f"refusing to open {os.fspath(path)}: it is a symbolic link; "
+                              "remove it or choose another folder") from None
+        if not flags & (os.O_WRONLY | os.O_RDWR):
+            raise  # a read's own error (a missing file), for its caller to word
+        raise write_error(path, exc) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OutputError(f"refusing to open {os.fspath(path)}: it is not a regular file; "
+                              "remove it or choose another folder")
+        if flags & os.O_TRUNC:
+            os.ftruncate(fd, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str | os.PathLike) -> bytes:
+    """The bytes of the regular file ``path``, not through a symbolic link (``open_regular``)."""
+    with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:
+        return f.read()
 
 
 def write_error(path, exc: OSError) -> OutputError:
@@ -188,8 +239,9 @@ def _pid_alive(pid: int) -> bool:
 def remove_stale_temps(folder: str | os.PathLike) -> list[str]:
     """Delete the temp files in ``folder`` left by dead processes; the names removed, sorted.
 
-    A temp file is ``.NAME.tmp.<pid>`` (or the older ``NAME.tmp.<pid>``), a regular file, whose
-    pid is not a live process; a live writer's temp file is kept."""
+    A temp file is ``.NAME.tmp.<pid>.<tag>`` with the tag ``temp_name`` gives it, a regular file
+    of this user's, whose pid is not a live process; a live writer's temp file is kept, and a
+    name this module did not make (``notes.tmp.999999``) is never touched."""
     try:
         names = os.listdir(folder)
     except (FileNotFoundError, NotADirectoryError):
@@ -197,10 +249,15 @@ def remove_stale_temps(folder: str | os.PathLike) -> list[str]:
     removed = []
     for name in sorted(names):
         m = TEMP_PATTERN.match(name)
-        if m is None or _pid_alive(int(m["pid"])):
+        if m is None or m["tag"] != _temp_tag(m["name"], int(m["pid"])) or _pid_alive(int(m["pid"])):
             continue
         path = os.path.join(folder, name)
-        if os.path.isfile(path) and not os.path.islink(path):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        mine = not hasattr(os, "geteuid") or st.st_uid == os.geteuid()  # another user's file is theirs
+        if stat.S_ISREG(st.st_mode) and mine:
             _remove(path)
             removed.append(name)
     return removed

@@ -131,14 +131,15 @@ def test_an_output_that_is_an_input_is_refused_by_any_spelling(tmp_path):
 
 def test_stale_temp_files_of_dead_processes_are_removed(tmp_path):
     dead, alive = _dead_pid(), os.getpid()
-    names = [f".checkpoint.pt.tmp.{dead}", f"checkpoint.pt.tmp.{dead}", f".summary.json.tmp.{alive}",
-             "notes.tmp.txt", f".x.tmp.{dead}.npy"]
-    for n in names:
+    stale = fileio.temp_name("checkpoint.pt", dead)
+    # A live writer's temp, and names a user may choose that only look like temps (issue 30 item 3).
+    kept = [fileio.temp_name("summary.json", alive), "notes.tmp.txt", f".x.tmp.{dead}.npy",
+            f".checkpoint.pt.tmp.{dead}", f"checkpoint.pt.tmp.{dead}", f".checkpoint.pt.tmp.{dead}.0123456789ab"]
+    for n in [stale, *kept]:
         (tmp_path / n).write_bytes(b"")
-    (tmp_path / f".dir.tmp.{dead}").mkdir()  # not a file: never removed
-    assert fileio.remove_stale_temps(tmp_path) == sorted([f".checkpoint.pt.tmp.{dead}", f"checkpoint.pt.tmp.{dead}"])
-    assert sorted(os.listdir(tmp_path)) == sorted([f".summary.json.tmp.{alive}", "notes.tmp.txt",
-                                                   f".x.tmp.{dead}.npy", f".dir.tmp.{dead}"])
+    (tmp_path / fileio.temp_name("dir", dead)).mkdir()  # not a file: never removed
+    assert fileio.remove_stale_temps(tmp_path) == [stale]
+    assert sorted(os.listdir(tmp_path)) == sorted([*kept, fileio.temp_name("dir", dead)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,11 +241,13 @@ def test_train_removes_stale_temp_files_at_start(run_copy):
     from bnn.train import main
 
     dead = _dead_pid()
-    stale = [f".checkpoint.pt.tmp.{dead}", f"checkpoint.pt.tmp.{dead}"]  # the new name and the old one
-    for n in stale:
+    stale = fileio.temp_name("checkpoint.pt", dead)
+    users = [f".checkpoint.pt.tmp.{dead}", f"results.tmp.{dead}", f".draft.tex.tmp.{dead}"]  # look alike, not ours
+    for n in [stale, *users]:
         (run_copy / n).write_bytes(b"half a checkpoint")
     assert main(["--resume", str(run_copy), "--no-progress"]) == 0
-    assert not set(stale) & set(os.listdir(run_copy))
+    assert stale not in os.listdir(run_copy)
+    assert set(users) <= set(os.listdir(run_copy))
 
 
 @needs_fifo
@@ -370,8 +373,9 @@ def test_search_on_a_full_disk_keeps_the_old_results_and_removes_stale_temps(tmp
     run.mkdir()
     dead = _dead_pid()
     (run / "results.json").write_bytes(b"old results")
-    for n in (f".results.json.tmp.{dead}", "results.json.tmp"):  # killed writers: this version's and the last
-        (run / n).write_bytes(b"half")
+    (run / fileio.temp_name("results.json", dead)).write_bytes(b"half")  # a killed writer's
+    for n in (f"notes.tmp.{dead}", "results.json.tmp"):  # a user's files, not temps of this version
+        (run / n).write_bytes(b"mine")
     _fail_fsync(monkeypatch, ".results.json.tmp.")
     assert main([*SEARCH, "--run-dir", str(run)]) == 2
     err = capsys.readouterr().err
@@ -379,4 +383,4 @@ def test_search_on_a_full_disk_keeps_the_old_results_and_removes_stale_temps(tmp
     assert err.strip().splitlines()[-1] == (f"bnn.search: error: cannot write {run}/results.json: "
                                             "No space left on device; free space and rerun")
     assert (run / "results.json").read_bytes() == b"old results"
-    assert not [n for n in os.listdir(run) if ".tmp" in n]
+    assert sorted(n for n in os.listdir(run) if ".tmp" in n) == sorted([f"notes.tmp.{dead}", "results.json.tmp"])

@@ -111,7 +111,7 @@ def test_search_holds_the_lock_while_it_runs(tmp_path, monkeypatch):
 
 def test_the_journal_appends_after_what_another_handle_appended(tmp_path):
     path = tmp_path / jr.JOURNAL
-    j = jr.Journal.create(path, {"n": 0})
+    j = jr.Journal.create(path, {"n": 0, "config": {}})
     j.append({"type": "x", "n": 1})
     j.close()
     _, good = jr.read(path)

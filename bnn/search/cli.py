@@ -292,10 +292,10 @@ def main(argv=None) -> int:
             lock = _lock_resumed(args)
             cfg, run_dir, resuming = _config_from_args(args)
             _validate(cfg, download=args.download)
+            search = Search(cfg, run_dir, progress=not args.no_progress and not args.json)
+            search.load_reuse()  # before the folder is made: a refused --reuse leaves nothing behind
             lock = lock or _lock_new(run_dir)
             prepare_outputs(run_dir)
-            search = Search(cfg, run_dir, progress=not args.no_progress and not args.json)
-            search.load_reuse()
             if resuming:
                 search.resume()
             else:

@@ -16,6 +16,8 @@ import json
 import os
 from pathlib import Path
 
+from refimpl.fileio import open_regular, read_regular
+
 JOURNAL = "journal.jsonl"
 
 
@@ -24,8 +26,10 @@ class JournalError(ValueError):
 
 
 def read(path: Path) -> tuple[list[dict], int]:
-    """Events and the byte length of the complete lines (the torn tail, if any, is excluded)."""
-    data = Path(path).read_bytes()
+    """Events and the byte length of the complete lines (the torn tail, if any, is excluded).
+    Each event is an object and the first a start line with its ``config`` object, or a
+    ``JournalError``; the file is read without following a symbolic link."""
+    data = read_regular(path)
     events, good = [], 0
     pos = 0
     while pos < len(data):
@@ -41,8 +45,13 @@ def read(path: Path) -> tuple[list[dict], int]:
             break  # a garbled last line is a torn write too
         pos = nl + 1
         good = pos
+    for i, e in enumerate(events):
+        if not isinstance(e, dict):
+            raise JournalError(f"{path}: line {i + 1} is {type(e).__name__}, not an object; not a search journal")
     if not events or events[0].get("type") != "start":
         raise JournalError(f"{path}: not a search journal (no start line)")
+    if not isinstance(events[0].get("config"), dict):
+        raise JournalError(f"{path}: its start line has no config object; not a search journal")
     return events, good
 
 
@@ -65,9 +74,13 @@ class Journal:
     def open_for_append(cls, path: Path, good_length: int) -> "Journal":
         """Cut a torn tail off, then append: in append mode no write can land on earlier bytes
         (the run folder's lock, ``bnn.runlock``, keeps a second writer out altogether)."""
-        with open(path, "r+b") as fh:
-            fh.truncate(good_length)
-        return cls(path, open(path, "ab"))
+        fd = open_regular(path, os.O_WRONLY | os.O_APPEND)  # never through a link planted meanwhile
+        try:
+            os.ftruncate(fd, good_length)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, os.fdopen(fd, "ab"))
 
     def append(self, event: dict, sync: bool = True) -> None:
         """Write one line; ``sync=True`` flushes and fsyncs it (and everything before it).

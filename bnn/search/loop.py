@@ -174,6 +174,18 @@ class Search:
         if torn:  # said, not silently cut: the user sees that a kill interrupted a write
             print(f"{path}: line {len(events) + 1} is incomplete ({torn} bytes, cut short by a kill mid-write); "
                   "it is dropped and what it recorded is computed again", file=sys.stderr, flush=True)
+        try:
+            self._replay(path, events)
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:  # a damaged or crafted line
+            raise jr.JournalError(f"{path}: a line cannot be replayed ({type(exc).__name__}: {exc}); "
+                                  "not a journal this search wrote") from None
+        self.replayed = len(self.results)
+        self.journal = jr.Journal.open_for_append(path, good)
+        self.journal.append({"type": "resume", "time": time.time(), "evaluations": len(self.results)})
+        # Trainings counted so far include those in flight, which are dispatched again below.
+        return len(self.ga.in_flight)
+
+    def _replay(self, path: Path, events: list[dict]) -> None:
         for e in events[1:]:
             t = e.get("type")
             if t == "proposal":
@@ -185,11 +197,6 @@ class Search:
                 self.proposals[p.seq] = p.to_dict()
             elif t == "result":
                 self._apply_result(e, replay=True)
-        self.replayed = len(self.results)
-        self.journal = jr.Journal.open_for_append(path, good)
-        self.journal.append({"type": "resume", "time": time.time(), "evaluations": len(self.results)})
-        # Trainings counted so far include those in flight, which are dispatched again below.
-        return len(self.ga.in_flight)
 
     def _make_evaluator(self):
         cfg = self.cfg

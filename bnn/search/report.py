@@ -9,7 +9,6 @@ from refimpl.fileio import atomic_write_bytes, check_output, remove_stale_temps
 from .loop import Search, write_json_atomic
 
 OUTPUTS = ("results.json", "search.png")
-_OLD_TEMPS = ("results.json.tmp", "search.tmp.png")  # the temp names of earlier versions
 
 
 def prepare_outputs(run_dir: Path) -> None:
@@ -17,11 +16,7 @@ def prepare_outputs(run_dir: Path) -> None:
     and remove the temp files of writers killed in an earlier run."""
     for name in OUTPUTS:
         check_output(Path(run_dir) / name)
-    remove_stale_temps(run_dir)
-    for name in _OLD_TEMPS:  # no pid in their names; the caller holds the run folder's lock
-        path = Path(run_dir) / name
-        if path.is_file() and not path.is_symlink():
-            path.unlink()
+    remove_stale_temps(run_dir)  # only names fileio made: a user's "results.json.tmp" stays
 
 
 def leaderboard_text(search: Search, top: int | None = None) -> str:

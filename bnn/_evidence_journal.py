@@ -1,0 +1,144 @@
+"""The evidence grid's journal (``bnn/evidence.py`` says what it holds): read, checked, appended.
+
+Every line the reader accepts has the types the report needs, so a damaged or crafted journal is
+one ``GridError`` line, never a traceback in the report and never a bare ``NaN`` in results.json.
+Only a torn last line that starts as this module writes a line (``{"``) is cut off: one line of a
+user's text (a notes file put in the folder) is refused, not truncated. The file is read, appended
+to and cut through ``refimpl.fileio.open_regular``, never through a symbolic link.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from refimpl.fileio import atomic_write_bytes, open_regular, read_regular
+
+STATUSES = ("ok", "diverged", "rejected", "error")
+# What the report formats from a protocol line, and the type each must have (None: the default).
+_PROTOCOL_TYPES = {"dataset": (str,), "model": (str,), "epochs": (int,), "batch_size": (int,), "lr": (int, float),
+                   "train_size": (int, type(None)), "val_size": (int, type(None)), "gamma": (int, float, type(None)),
+                   "split_seed": (int, type(None)), "milestones": (list, type(None))}
+# Cut off only what a kill in the middle of this module's own write can leave.
+_TORN_START = b'{"'
+
+
+class GridError(Exception):
+    """A one-line user error: the CLI prints it and exits 2."""
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _accuracy(v) -> bool:
+    return _number(v) and 0 <= v <= 1
+
+
+def _cell_problem(row) -> str | None:
+    """What makes ``row`` not a finished cell of a grid, or None."""
+    if not isinstance(row, dict):
+        return f"is {type(row).__name__}, not an object"
+    if not isinstance(row.get("key"), str) or row.get("status") not in STATUSES:
+        return "is not a cell of this grid (no key or status)"
+    for field in ("measure", "genome", "downsample"):
+        if not isinstance(row.get(field), str):
+            return f"has no {field} text"
+    if not isinstance(row.get("seed"), int) or isinstance(row.get("seed"), bool):
+        return "has no integer seed"
+    for field in ("test_acc", "val_acc"):
+        v = row.get(field)
+        if not (v is None and row["status"] != "ok") and not _accuracy(v):
+            return f"has {field} {v!r}, not an accuracy in 0..1"
+    if not _number(row.get("wall_s", 0.0)) or not isinstance(row.get("host", ""), (str, type(None))):
+        return "has a wall_s or host of the wrong type"
+    return None
+
+
+def protocol_problem(p) -> str | None:
+    """What makes ``p`` not a protocol the report can print, or None."""
+    if not isinstance(p, dict):
+        return "has no protocol object"
+    for key, types in _PROTOCOL_TYPES.items():
+        v = p.get(key)
+        if not isinstance(v, types) or isinstance(v, bool) or (isinstance(v, float) and not math.isfinite(v)):
+            return f"has a protocol whose {key} is {v!r}"
+    return None
+
+
+def _split(path: str, raw: bytes, log) -> list:
+    """The JSON values of the complete lines; a torn last line of ours is reported and cut off."""
+    lines, good_end, rows = raw.split(b"\n"), 0, []
+    for i, line in enumerate(lines):
+        last = i == len(lines) - 1
+        if last and not line:
+            break
+        try:
+            row = json.loads(line)
+            if last:  # complete JSON without its newline: the write was cut before it ended
+                raise ValueError
+        except ValueError:
+            tail = last or (i == len(lines) - 2 and not lines[-1])
+            if not (tail and line.startswith(_TORN_START)):
+                raise GridError(f"{path} line {i + 1} is not a line this grid wrote; repair or remove that line, "
+                                "or use another --root") from None
+            log(f"{path}: ignored a torn last line")
+            fd = open_regular(path, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, good_end)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            break
+        rows.append(row)
+        good_end += len(line) + 1
+    return rows
+
+
+def read_journal(path: str, log) -> tuple[dict | None, dict[str, dict]]:
+    """(protocol, finished cells by key; the last line of a key wins). A torn last line, left
+    by a kill in the middle of a write, is reported and cut off; any other bad line is an error."""
+    if not os.path.lexists(path):
+        return None, {}
+    rows = _split(path, read_regular(path), log)
+    if not rows:
+        return None, {}
+    if not isinstance(rows[0], dict) or rows[0].get("kind") != "protocol":
+        raise GridError(f"{path} does not start with a protocol line; use another --root")
+    problem = protocol_problem(rows[0].get("protocol"))
+    if problem:
+        raise GridError(f"{path} line 1 {problem}; use another --root")
+    for i, row in enumerate(rows[1:], 2):
+        problem = _cell_problem(row)
+        if problem:
+            raise GridError(f"{path} line {i} {problem}; repair or remove that line, or use another --root")
+    return rows[0]["protocol"], {r["key"]: r for r in rows[1:]}
+
+
+def start_journal(path: str, protocol: dict) -> None:
+    """A new journal holding the protocol line, replacing an empty or torn one (create-then-rename:
+    a link in its place is refused, never written through)."""
+    atomic_write_bytes(path, _line({"kind": "protocol", "version": 1, "protocol": protocol}))
+
+
+def _finite(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None  # strict JSON, as results.json is: no bare NaN or Infinity
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    return [_finite(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+
+def _line(row: dict) -> bytes:
+    return (json.dumps(_finite(row), allow_nan=False) + "\n").encode()
+
+
+def append_line(path: str, row: dict) -> None:
+    """Append ``row`` as one JSON line in one write, fsynced: a kill leaves whole lines or a torn tail."""
+    data = _line(row)
+    fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)  # one write per line: a kill leaves a whole line or a torn tail
+        os.fsync(fd)
+    finally:
+        os.close(fd)
