@@ -12,6 +12,7 @@ import json
 import math
 import os
 
+from refimpl.conventions import NAMES as COUNT_CONVENTIONS
 from refimpl.fileio import atomic_write_bytes, open_regular, read_regular
 
 STATUSES = ("ok", "diverged", "rejected", "error")
@@ -46,6 +47,8 @@ def _cell_problem(row) -> str | None:
             return f"has no {field} text"
     if not isinstance(row.get("seed"), int) or isinstance(row.get("seed"), bool):
         return "has no integer seed"
+    if row.get("counts", "raw") not in COUNT_CONVENTIONS:  # cells before conventions existed are raw
+        return f"has counts {str(row.get('counts'))[:40]!r}, not one of {', '.join(COUNT_CONVENTIONS)}"
     for field in ("test_acc", "val_acc"):
         v = row.get(field)
         if not (v is None and row["status"] != "ok") and not _accuracy(v):

@@ -11,11 +11,18 @@ import json
 import os
 import platform
 
+from refimpl.conventions import DEFAULT as RAW
+from refimpl.conventions import NAMES as CONVENTIONS
 from refimpl.fileio import atomic_write_bytes as atomic_write  # temp file, fsync, rename, fsync the folder
 from refimpl.fileio import check_output
 
 from . import _stats
 from .paper_results import MEASURES
+
+
+def counts_of(entry: dict) -> str:
+    """A cell's count convention; journals written before conventions existed hold raw cells."""
+    return entry.get("counts", RAW)
 
 
 def host_info(device: str | None = None) -> dict:
@@ -39,38 +46,43 @@ def host_label(info: dict) -> str:
     return f"{info['cpu']}, {info['cores']} cores{gpu}, device {info.get('device')}, torch {info['torch']}"
 
 
-def _order(entries) -> list[tuple[str, str]]:
-    """(measure, downsample) groups: the paper's measures in its order, then others as met; binary first."""
-    groups = {(e["measure"], e["downsample"]) for e in entries}
+def _order(entries) -> list[tuple[str, str, str]]:
+    """(measure, downsample, counts) groups: binary first, conventions in the table's order, the
+    paper's measures in its order, then others as met."""
+    groups = {(e["measure"], e["downsample"], counts_of(e)) for e in entries}
     rank = {m: i for i, m in enumerate(MEASURES)}
     first_seen = {}
     for i, e in enumerate(entries):
         first_seen.setdefault(e["measure"], i)
-    return sorted(groups, key=lambda g: (g[1] != "binary", g[1], rank.get(g[0], len(rank)), first_seen[g[0]]))
+    return sorted(groups, key=lambda g: (g[1] != "binary", g[1], CONVENTIONS.index(g[2]), rank.get(g[0], len(rank)),
+                                         first_seen[g[0]]))
 
 
 def summarize(entries: list[dict], baseline: str = "baseline") -> list[dict]:
-    """One row per (measure, downsample): mean and sample std of the test accuracy over "ok" runs,
-    the other statuses counted, and the paired difference to the baseline of the same kind."""
-    by_group: dict[tuple[str, str], dict[int, dict]] = {}
+    """One row per (measure, downsample, counts): mean and sample std of the test accuracy over "ok"
+    runs, the other statuses counted, and the paired difference to the reference: XNOR as BNNs use
+    it, the baseline of the same downsampling on raw counts."""
+    by_group: dict[tuple[str, str, str], dict[int, dict]] = {}
     for e in entries:
-        by_group.setdefault((e["measure"], e["downsample"]), {})[e["seed"]] = e
+        by_group.setdefault((e["measure"], e["downsample"], counts_of(e)), {})[e["seed"]] = e
     rows = []
-    for measure, kind in _order(entries):
-        cells = by_group[(measure, kind)]
+    for measure, kind, counts in _order(entries):
+        cells = by_group[(measure, kind, counts)]
+        is_reference = measure == baseline and counts == RAW
         ok = {s: e for s, e in sorted(cells.items()) if e["status"] == "ok"}
         tests = [e["test_acc"] for e in ok.values()]
-        counts = {st: sum(e["status"] == st for e in cells.values()) for st in ("diverged", "rejected", "error")}
+        statuses = {st: sum(e["status"] == st for e in cells.values()) for st in ("diverged", "rejected", "error")}
         row = {
             "measure": measure, "genome": next(iter(cells.values()))["genome"], "downsample": kind,
-            "n": len(cells), "n_ok": len(ok), **counts,
+            "counts": counts, "n": len(cells), "n_ok": len(ok), **statuses,
             "test_mean": _stats.mean(tests), "test_std": _stats.sample_std(tests),
             "val_mean": _stats.mean(e["val_acc"] for e in ok.values()),
             "per_seed": {str(s): (e["test_acc"] if e["status"] == "ok" else e["status"]) for s, e in sorted(cells.items())},
-            "vs_baseline": None, "verdict": _no_pairs_verdict(measure == baseline, ok, counts, (baseline, kind) in by_group),
+            "vs_baseline": None,
+            "verdict": _no_pairs_verdict(is_reference, ok, statuses, (baseline, kind, RAW) in by_group),
         }
-        base = by_group.get((baseline, kind), {})
-        seeds = [s for s in ok if base.get(s, {}).get("status") == "ok"] if measure != baseline else []
+        base = by_group.get((baseline, kind, RAW), {})
+        seeds = [s for s in ok if base.get(s, {}).get("status") == "ok"] if not is_reference else []
         if seeds:
             diff = _stats.paired_interval([ok[s]["test_acc"] for s in seeds], [base[s]["test_acc"] for s in seeds])
             row["vs_baseline"] = {**diff, "seeds": seeds, "level": 0.95}
@@ -124,39 +136,44 @@ def markdown(results: dict) -> str:
          f"({_duration(wall['this_run'])} in the last run)."),
         "",
         ("Test accuracy in percent: mean and sample std over the seeds that finished \"ok\"; diverged "
-         "runs are counted, not averaged. The difference to the baseline of the same downsampling is "
-         "paired by seed (percentage points, 95% t-interval); \"beats baseline\" only when the whole "
-         "interval is above zero, \"worse\" when it is below."),
+         "runs are counted, not averaged. Counts: the count convention (docs/design.md section 2). The "
+         "difference to XNOR (the baseline of the same downsampling on raw counts) is paired by seed "
+         "(percentage points, 95% t-interval); \"beats baseline\" only when the whole interval is above "
+         "zero, \"worse\" when it is below."),
         "",
-        "| measure | downsample | ok / runs | diverged | test % mean | std | val % mean | vs baseline, pp [95% CI] | pairs | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| measure | downsample | counts | ok / runs | diverged | test % mean | std | val % mean | vs baseline, pp [95% CI] | pairs | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["rows"]:
         d = r["vs_baseline"] or {}
         ci = f"{_pp(d.get('mean'))} [{_pp(d.get('lo'))}, {_pp(d.get('hi'))}]" if d else "-"
-        lines.append(f"| {r['measure']} | {r['downsample']} | {r['n_ok']} / {r['n']} | {r['diverged']} | "
+        lines.append(f"| {r['measure']} | {r['downsample']} | {r.get('counts', RAW)} | {r['n_ok']} / {r['n']} | {r['diverged']} | "
                      f"{_pct(r['test_mean'])} | {_pct(r['test_std'])} | {_pct(r['val_mean'])} | {ci} | "
                      f"{d.get('n', 0)} | {r['verdict']} |")
-    other = [f"{r['measure']}/{r['downsample']}: {r['rejected']} rejected, {r['error']} errors"
+    other = [f"{r['measure']}/{r['downsample']}/{r.get('counts', RAW)}: {r['rejected']} rejected, {r['error']} errors"
              for r in results["rows"] if r["rejected"] or r["error"]]
     if other:
         lines += ["", "Not counted: " + "; ".join(other) + "."]
     return "\n".join(lines) + "\n"
 
 
+def _series(row: dict) -> str:
+    return f"downsample {row['downsample']}, {row.get('counts', RAW)} counts"
+
+
 def plot_png(rows: list[dict], title: str) -> bytes:
-    """Mean test accuracy per measure with std error bars, one series per downsampling kind."""
+    """Mean test accuracy per measure with std error bars, one series per downsampling kind and count convention."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     measures = list(dict.fromkeys(r["measure"] for r in rows))
-    kinds = list(dict.fromkeys(r["downsample"] for r in rows))
+    kinds = list(dict.fromkeys(_series(r) for r in rows))
     fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(measures) + 2), 4.0))
     width = 0.7 / max(1, len(kinds))
     for k, kind in enumerate(kinds):
-        for r in (r for r in rows if r["downsample"] == kind):
+        for r in (r for r in rows if _series(r) == kind):
             x = measures.index(r["measure"]) + (k - (len(kinds) - 1) / 2) * width
             if r["test_mean"] is not None:
                 ax.errorbar(x, 100 * r["test_mean"], yerr=100 * (r["test_std"] or 0.0), fmt="o", capsize=3,
@@ -166,7 +183,7 @@ def plot_png(rows: list[dict], title: str) -> bytes:
                             ha="center", fontsize=7, color=f"C{k}")
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), [f"downsample {k}" for k in unique], loc="best")
+    ax.legend(unique.values(), list(unique), loc="best")
     ax.set_xticks(range(len(measures)), measures)
     ax.set_xlim(-0.6, len(measures) - 0.4)
     ax.set_ylabel("test accuracy, % (mean ± std over seeds)")

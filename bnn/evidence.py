@@ -28,6 +28,8 @@ import sys
 import time
 
 from refimpl.cli import SEED_MAX, OneLineParser, nonnegative_int, parse_int, positive_float, positive_int
+from refimpl.conventions import DEFAULT as RAW
+from refimpl.conventions import check_counts
 from refimpl.genome import Genome
 
 from . import _evidence_report as report
@@ -60,7 +62,7 @@ SMOKE = dict(dataset="digits", measures="baseline,M1", seeds="0,1", real_measure
 
 FINAL = ("ok", "diverged", "rejected")  # an "error" cell is trained again by a rerun
 # Fields of TrainConfig that vary per cell or only say where/how to run: not part of the protocol.
-_NOT_PROTOCOL = ("measure", "seed", "downsample", "device", "data_dir", "out_dir", "resume", "download",
+_NOT_PROTOCOL = ("measure", "seed", "downsample", "counts", "device", "data_dir", "out_dir", "resume", "download",
                  "compile", "eval_test")
 
 
@@ -80,16 +82,21 @@ def measure_label(text: str) -> tuple[str, str]:
     return g.name or str(g), str(g)
 
 
-def plan_cells(measures, seeds, real_measures) -> list[dict]:
-    """The grid's cells, one per (measure, downsampling kind, seed), each measure once: dicts with
-    ``key``, ``measure`` (label), ``genome``, ``downsample`` and ``seed``."""
+def plan_cells(measures, seeds, real_measures, conventions=(RAW,)) -> list[dict]:
+    """The grid's cells, one per (count convention, measure, downsampling kind, seed), each
+    measure once: dicts with ``key``, ``measure`` (label), ``genome``, ``downsample``, ``counts``
+    and ``seed``. A raw cell's key is the one it had before conventions existed, so older
+    journals resume."""
     cells = []
-    for kind, names in (("binary", measures), ("real", real_measures)):
-        for name in names:
-            label, genome = measure_label(name)
-            for seed in seeds:
-                cells.append({"key": f"{label}/{kind}/s{seed}", "measure": label, "genome": genome,
-                              "downsample": kind, "seed": seed})
+    for counts in conventions:
+        check_counts(counts)
+        tag = "" if counts == RAW else f"{counts}/"
+        for kind, names in (("binary", measures), ("real", real_measures)):
+            for name in names:
+                label, genome = measure_label(name)
+                for seed in seeds:
+                    cells.append({"key": f"{label}/{kind}/{tag}s{seed}", "measure": label, "genome": genome,
+                                  "downsample": kind, "counts": counts, "seed": seed})
     return list({c["key"]: c for c in cells}.values())  # a measure named twice runs once
 
 
@@ -122,8 +129,9 @@ def protocol_of(cfg) -> dict:
 
 
 def cell_config(base, cell: dict):
-    """``base`` with the cell's genome, seed and downsampling kind."""
-    return dataclasses.replace(base, measure=cell["genome"], seed=cell["seed"], downsample=cell["downsample"])
+    """``base`` with the cell's genome, seed, downsampling kind and count convention."""
+    return dataclasses.replace(base, measure=cell["genome"], seed=cell["seed"], downsample=cell["downsample"],
+                               counts=cell.get("counts", RAW))
 
 
 # =============================================================================================
@@ -141,9 +149,15 @@ def lock_root(root: str):
 
 
 def check_protocol(saved: dict, wanted: dict, root: str) -> None:
-    """GridError naming the first setting in which a journal's protocol differs from this run's."""
+    """GridError naming the first setting in which a journal's protocol differs from this run's.
+
+    A setting that a journal's protocol lacks was added to bnn.train after that journal was
+    written: the journal's cells trained with its default, which is what they are compared at."""
+    from .train import TrainConfig
+
+    defaults = protocol_of(TrainConfig())
     for key in sorted(set(saved) | set(wanted)):
-        if saved.get(key) != wanted.get(key):
+        if saved.get(key, defaults.get(key)) != wanted.get(key):
             raise GridError(f"{root} holds a grid run with {key}={saved.get(key)!r}, not {wanted.get(key)!r}; "
                             "use another --root (or the same options)")
 
@@ -324,6 +338,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--measures", help=f"comma-separated names or genomes, downsample=binary (default: {','.join(MEASURES)})")
     p.add_argument("--seeds", help=f"comma-separated seeds in 0..2**63-1 (default: {','.join(map(str, SEEDS))})")
     p.add_argument("--real-measures", help=f"measures also run with downsample=real, or 'none' (default: {','.join(REAL_MEASURES)})")
+    p.add_argument("--counts", help="comma-separated count conventions, each a grid of its own cells (docs/design.md "
+                                    "section 2): raw (default), freq, laplace")
     p.add_argument("--epochs", type=positive_int, help="epochs per cell (default: the protocol's, see PROTOCOLS)")
     p.add_argument("--train-size", type=nonnegative_int, help="training images per epoch; 0 = all (default: the protocol's)")
     p.add_argument("--batch-size", type=positive_int)
@@ -372,7 +388,8 @@ def setup(args) -> tuple[str, object, list[dict]]:
         protocol["milestones"] = tuple(_int_list(args.milestones, "--milestones"))
     seeds = _int_list(args.seeds, "--seeds", 0, SEED_MAX) if args.seeds is not None else list(SEEDS)
     try:
-        cells = plan_cells(_names(args.measures, MEASURES), seeds, _names(args.real_measures, REAL_MEASURES))
+        cells = plan_cells(_names(args.measures, MEASURES), seeds, _names(args.real_measures, REAL_MEASURES),
+                           _names(args.counts, (RAW,)))
     except ValueError as exc:
         raise GridError(str(exc)) from None
     if not cells:

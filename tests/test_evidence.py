@@ -210,7 +210,41 @@ def test_a_second_run_into_a_locked_root_is_refused(tmp_path, fake_train, capsys
     assert not fake_train and not (tmp_path / "journal.jsonl").exists()
 
 
+def test_each_count_convention_is_a_grid_of_cells_compared_with_xnor_on_raw_counts(tmp_path, fake_train, capsys):
+    args = _grid(tmp_path, "--measures", "baseline,M1", "--seeds", "0,1", "--real-measures", "none",
+                 "--counts", "raw,freq")
+    assert evidence.main(args) == 0
+    assert sorted((c.measure, c.counts, c.seed) for c in fake_train) == sorted(
+        (m, k, s) for m in ("0-0-0-0-0-0-1", "3-0-3-0-0-1-6") for k in ("raw", "freq") for s in (0, 1))
+    keys = [r["key"] for r in _journal(tmp_path)[1:]]
+    assert "M1/binary/s0" in keys and "M1/binary/freq/s0" in keys  # raw keeps its old key
+    assert all(r["counts"] in ("raw", "freq") for r in _journal(tmp_path)[1:])
+    rows = {(r["measure"], r["counts"]): r for r in _read_json(tmp_path / "results.json")["rows"]}
+    assert rows["baseline", "raw"]["verdict"] == "reference"
+    # the stand-in gives the baseline 0.5 + 0.01 s on any counts and M1 0.1 more: every row is
+    # compared with the raw baseline, so the freq baseline differs by 0 and M1 by 0.1
+    assert rows["baseline", "freq"]["vs_baseline"]["mean"] == pytest.approx(0.0)
+    assert rows["M1", "freq"]["vs_baseline"]["mean"] == pytest.approx(0.1)
+    assert "| M1 | binary | freq |" in (tmp_path / "results.md").read_text()
+
+
+def test_a_journal_from_before_conventions_resumes_as_raw_cells(tmp_path, fake_train, capsys):
+    args = _grid(tmp_path, "--measures", "baseline", "--seeds", "0,1", "--real-measures", "none")
+    assert evidence.main(args) == 0
+    lines = _journal(tmp_path)
+    for row in lines[1:]:
+        row.pop("counts")  # as a journal written before the option holds it
+    lines[0]["protocol"].pop("counts", None)
+    (tmp_path / "journal.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert evidence.main(args) == 0
+    assert len(fake_train) == 2  # nothing trained again
+    assert evidence.main(_grid(tmp_path, "--measures", "baseline", "--seeds", "0,1", "--real-measures", "none",
+                               "--counts", "laplace")) == 0
+    assert [c.counts for c in fake_train[2:]] == ["laplace", "laplace"]
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--counts", "raw,fraq"], "unknown count convention 'fraq'; choose one of raw, freq, laplace"),
     (["--seeds", "0,x"], "--seeds must be comma-separated integers"),
     (["--measures", "M99"], "unknown genome 'M99'"),
     (["--dataset", "imagenet"], "unknown dataset 'imagenet'"),
