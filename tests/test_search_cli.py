@@ -138,3 +138,42 @@ def test_train_size_is_part_of_the_fitness_setting_and_trains_on_that_subset(tmp
     result = worker.run({"seq": 0, "genome": "0-0-0-0-0-0-1", "reject_below": None})
     assert result["status"] == "ok", result
     assert len(worker._data.train_y) == 100
+
+
+def test_the_count_convention_is_recorded_and_a_resume_cannot_change_it(tmp_path):
+    from bnn.search import journal as jr
+
+    d = tmp_path / "run"
+    small = [a if a != "300" else "20" for a in SYN]
+    r = cli(*small, "--counts", "laplace", "--run-dir", str(d))
+    assert r.returncode == 0, r.stderr
+    events, _ = jr.read(d / jr.JOURNAL)
+    assert events[0]["config"]["counts"] == "laplace"
+    assert json.loads((d / "results.json").read_text())["config"]["counts"] == "laplace"
+    r = cli("--resume", str(d), "--counts", "raw", "--no-progress")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "counts is 'laplace' in the journal; it cannot change to 'raw'" in r.stderr
+
+
+def test_a_journal_from_before_conventions_resumes_as_raw(tmp_path):
+    from bnn.search.loop import Search
+
+    d = tmp_path / "run"
+    assert cli(*SYN, "--run-dir", str(d)).returncode == 0
+    journal = d / "journal.jsonl"
+    lines = journal.read_text().splitlines(keepends=True)
+    start = json.loads(lines[0])
+    del start["config"]["counts"]  # as a search journaled before the option
+    journal.write_text(json.dumps(start) + "\n" + "".join(lines[1:]))
+    assert Search.config_from_journal(d)["counts"] == "raw"
+    r = cli("--resume", str(d), "--counts", "freq", "--no-progress")
+    assert r.returncode == 2 and "counts is 'raw' in the journal" in r.stderr
+
+
+def test_equivalence_and_screening_probe_the_searched_convention():
+    from bnn.search.fitness import FitnessCache, analyse
+
+    raw, freq = analyse("M1", "raw"), analyse("M1", "freq")
+    assert raw.hash != freq.hash  # the same genome is another function of the counts under freq
+    assert FitnessCache(counts="freq").analysis("M1") == freq
+    assert FitnessCache().analysis("M1") == raw == analyse("M1")

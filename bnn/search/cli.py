@@ -9,7 +9,8 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from refimpl.cli import OneLineParser, nonnegative_int, positive_float, positive_int, refuse_with, seed_int
+from refimpl.cli import OneLineParser, nonnegative_int, one_line, positive_float, positive_int, refuse_with, seed_int
+from refimpl.conventions import NAMES as COUNT_CONVENTIONS
 from refimpl.datasets import DATASETS, canonical_name, dataset_arg
 
 from ..runlock import hold_run_dir
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--downsample", choices=("binary", "real"),
                    help="shortcut of units that change size or width (docs/design.md section 6): binary (default, the paper's text) "
                         "or real (Bi-Real: average pool, full-precision 1x1 conv)")
+    t.add_argument("--counts", choices=COUNT_CONVENTIONS,
+                   help="count convention of every candidate (docs/design.md section 2): raw (default, the paper's "
+                        "equations), freq (a/n, ...) or laplace ((a+1)/(n+4), ...)")
     t.add_argument("--epochs", type=_positive, help=f"epochs of a full fitness training (digits preset: {PRESETS['digits']['epochs']}, "
                                                     f"paper: {FITNESS.epochs})")
     t.add_argument("--batch-size", type=_positive, help=f"batch size (default {FITNESS.batch_size})")
@@ -301,7 +305,7 @@ def main(argv=None) -> int:
             else:
                 search.start_new()
         except (CliError, ValueError, jr.JournalError, OSError) as exc:
-            print(f"{prog}: error: {exc}", file=sys.stderr)
+            print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             print(f"{prog}: interrupted (Ctrl-C) before the first evaluation", file=sys.stderr)
@@ -313,12 +317,12 @@ def main(argv=None) -> int:
             search.stop_reason = "interrupted (Ctrl-C); continue with --resume " + str(run_dir)
             code = 130
         except OSError as exc:  # a journal write failed (a full disk): what is journaled stays resumable
-            print(f"{prog}: error: {exc}", file=sys.stderr)
+            print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
             return 2
         try:
             return _report(search, args, code)
         except OSError as exc:  # results.json or search.png could not be written; the old ones are intact
-            print(f"{prog}: error: {exc}", file=sys.stderr)
+            print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:  # a second Ctrl-C: the journal already holds every result
             print(f"{prog}: interrupted while writing the report; continue with --resume {run_dir}", file=sys.stderr)

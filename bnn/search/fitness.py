@@ -73,8 +73,9 @@ def _probe_alpha(genome: Genome) -> np.ndarray:
     return np.stack([init, rng.uniform(-2.0, 2.0, 4), rng.uniform(0.1, 3.0, 4)], axis=1)  # (4, 3)
 
 
-def probe_outputs(genome) -> np.ndarray:
-    """The measure on every probe tuple (rows) under every alpha setting (columns), float64."""
+def probe_outputs(genome, counts: str = "raw") -> np.ndarray:
+    """The measure on every probe tuple (rows) under every alpha setting (columns), float64, the
+    tuples converted by the count convention ``counts`` (each tuple its own window of n = a+b+c+d)."""
     g = Genome.parse(genome)
     alpha = _probe_alpha(g)
     cols = alpha.shape[1]
@@ -84,7 +85,7 @@ def probe_outputs(genome) -> np.ndarray:
     threads = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
-        return refimpl.measure(g, a, b, c, d, alpha=alpha, dtype=np.float64)
+        return refimpl.measure(g, a, b, c, d, alpha=alpha, dtype=np.float64, counts=counts)
     finally:
         numba.set_num_threads(threads)
 
@@ -109,9 +110,11 @@ class Analysis:
     screen_reason: str | None  # why it is rejected untrained, or None
 
 
-def analyse(genome) -> Analysis:
-    """Functional hash and screening verdict of one genome (about 50 us after Numba warm-up)."""
-    y = probe_outputs(genome)
+def analyse(genome, counts: str = "raw") -> Analysis:
+    """Functional hash and screening verdict of one genome under a count convention (about 50 us
+    after Numba warm-up). Two genomes equal on raw counts may differ on converted ones, so the
+    hash is a function's under one convention: a search runs one, and --reuse needs the same."""
+    y = probe_outputs(genome, counts)
     r = _rounded(y)
     h = hashlib.blake2b(r.tobytes(), digest_size=12).hexdigest()
     finite = np.isfinite(y)
@@ -180,8 +183,9 @@ class FitnessCache:
     an asynchronous engine park a candidate whose function is already training elsewhere.
     """
 
-    def __init__(self, cache=True, equivalence=True, screening=True):
+    def __init__(self, cache=True, equivalence=True, screening=True, counts="raw"):
         self.use_cache, self.use_equivalence, self.use_screening = cache, equivalence, screening
+        self.counts = counts  # the search's count convention: the probes' too
         self.by_genome: dict[str, dict] = {}
         self.by_hash: dict[str, tuple[str, dict]] = {}
         self.reused: dict[str, dict] = {}  # from --reuse journals, by genome
@@ -192,7 +196,7 @@ class FitnessCache:
         """The genome's Analysis, computed once and memoized."""
         a = self._analysis.get(genome)
         if a is None:
-            a = self._analysis[genome] = analyse(genome)
+            a = self._analysis[genome] = analyse(genome, self.counts)
         return a
 
     @property
@@ -307,7 +311,7 @@ def fitness_config(train: dict, genome: str):
     t = train
     return TrainConfig.from_mapping(dict(
         model=t["model"], dataset=t["dataset"], measure=genome, epochs=t["epochs"],
-        downsample=t.get("downsample", "binary"),
+        downsample=t.get("downsample", "binary"), counts=t.get("counts", "raw"),
         batch_size=t["batch_size"], lr=t["lr"], seed=t["seed"], device=t["device"], step=t.get("step", "auto"),
         data_dir=t.get("data_dir"), val_size=t.get("val_size"), train_size=t.get("train_size"),
         milestones=FITNESS.milestones, gamma=FITNESS.gamma,  # the paper's fitness schedule

@@ -40,16 +40,16 @@ from .fitness import FitnessCache, fitness_of, parse_fitness_spec
 from .ga import GeneticSearch, Thresholds
 
 # Fields that define what a search computes: fixed at start, taken from the journal on resume.
-SEARCH_FIELDS = ("dataset", "model", "downsample", "epochs", "population", "seed", "thresholds", "threshold_steps",
+SEARCH_FIELDS = ("dataset", "model", "downsample", "counts", "epochs", "population", "seed", "thresholds", "threshold_steps",
                  "batch_size", "lr", "val_size", "train_size", "train_seed", "fitness", "cache", "equivalence",
                  "screening", "unique_members", "reuse")
 # Fields that must match for another run's trainings to be reused (--reuse).
-TRAIN_FIELDS = ("dataset", "model", "downsample", "epochs", "batch_size", "lr", "val_size", "train_size", "train_seed",
+TRAIN_FIELDS = ("dataset", "model", "downsample", "counts", "epochs", "batch_size", "lr", "val_size", "train_size", "train_seed",
                 "fitness")
 # Longest wait on a worker pool between two looks for a Ctrl-C (seconds).
 POLL_S = 1.0
 # What a journal written before a field existed computed: its start event lacks the key.
-JOURNAL_DEFAULTS = {"downsample": "binary", "train_size": None}
+JOURNAL_DEFAULTS = {"downsample": "binary", "counts": "raw", "train_size": None}
 
 
 @dataclass
@@ -58,6 +58,7 @@ class SearchConfig:
     dataset: str = "digits"
     model: str = "digits_net"
     downsample: str = "binary"  # binary | real: shortcut of units that change size or width (docs/design.md section 6)
+    counts: str = "raw"  # the count convention of every candidate (refimpl/conventions.py; not a gene)
     epochs: int = FITNESS.epochs
     population: int = PAPER_POPULATION
     seed: int = 0
@@ -94,7 +95,8 @@ class SearchConfig:
 
     def train_dict(self) -> dict:
         """The fitness training's settings as the workers take them."""
-        return {"dataset": self.dataset, "model": self.model, "downsample": self.downsample, "epochs": self.epochs,
+        return {"dataset": self.dataset, "model": self.model, "downsample": self.downsample, "counts": self.counts,
+                "epochs": self.epochs,
                 "batch_size": self.batch_size, "lr": self.lr, "val_size": self.val_size,
                 "train_size": self.train_size, "seed": self.train_seed, "data_dir": self.data_dir, "device": self.device,
                 "step": self.step}
@@ -119,7 +121,7 @@ class Search:
         self.progress_enabled = progress
         self.ga = GeneticSearch(cfg.population, Thresholds(cfg.thresholds, cfg.threshold_steps), cfg.seed,
                                 unique_members=cfg.unique_members)
-        self.cache = FitnessCache(cfg.cache, cfg.equivalence, cfg.screening)
+        self.cache = FitnessCache(cfg.cache, cfg.equivalence, cfg.screening, cfg.counts)
         self.results: dict[int, dict] = {}  # seq -> result event, in completion order
         self.proposals: dict[int, dict] = {}
         self.history: list[tuple[int, float, float]] = []  # (evaluations done, best, median)

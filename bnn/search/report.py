@@ -84,7 +84,7 @@ def write_plot(search: Search) -> str:
         ax.plot(n, med, color="tab:orange", lw=1.5, label="population median")
     ax.set_xlabel("evaluation (completion order)")
     ax.set_ylabel("fitness (validation accuracy)")
-    what = (f"{search.cfg.model} ({search.cfg.downsample} downsampling) on {search.cfg.dataset}"
+    what = (f"{search.cfg.model} ({search.cfg.downsample} downsampling, {search.cfg.counts} counts) on {search.cfg.dataset}"
             if search.cfg.fitness == "train"
             else f"synthetic fitness ({search.cfg.fitness})")
     ax.set_title(f"GA search: {what}, S={search.cfg.population}")
