@@ -17,7 +17,8 @@ import json
 import os
 import sys
 
-from refimpl.cli import OneLineParser, nonnegative_int, positive_int, seed_int
+from refimpl.cli import OneLineParser, nonnegative_int, one_line, positive_int, seed_int
+from refimpl.conventions import NAMES as COUNT_CONVENTIONS
 from refimpl.datasets import DATASETS, canonical_name, dataset_arg
 from refimpl.fileio import atomic_write_text
 
@@ -48,10 +49,18 @@ def select_cells(patterns: str | None, dataset: str | None = None):
     return chosen
 
 
-def default_root(epochs: int | None) -> str:
-    """Where the grid's runs go: ``runs/reproduce``, or ``runs/reproduce-<N>ep`` for a shortened run."""
-    # A shortened run must never be mistaken for (or skip) a full 300-epoch cell.
-    return os.path.join("runs", "reproduce" if epochs is None else f"reproduce-{epochs}ep")
+def default_root(epochs: int | None, counts: str = "raw") -> str:
+    """Where the grid's runs go: ``runs/reproduce``, or ``runs/reproduce-<N>ep`` for a shortened run,
+    with ``-<counts>`` for a count convention other than raw."""
+    # A shortened run (or another convention) must never be mistaken for (or skip) a full raw cell.
+    name = "reproduce" + ("" if epochs is None else f"-{epochs}ep") + ("" if counts == "raw" else f"-{counts}")
+    return os.path.join("runs", name)
+
+
+def _counts_of(summary: dict) -> str:
+    # summaries written before conventions existed trained on raw counts
+    config = summary.get("config") if isinstance(summary.get("config"), dict) else {}
+    return config.get("counts", "raw")
 
 
 def read_summary(root: str, cell) -> dict | None:
@@ -64,7 +73,7 @@ def read_summary(root: str, cell) -> dict | None:
 
 
 def run_cells(cells, root, data_dir=None, device="auto", epochs=None, val_size=None, seed=0,
-              progress=True, compile=False, log=print, download=False):
+              progress=True, compile=False, log=print, download=False, counts="raw"):
     """Train every cell that has no summary yet (resuming an interrupted one), one data set in memory at a time.
 
     Every cell's settings are checked before the first one trains (ValueError).
@@ -77,7 +86,7 @@ def run_cells(cells, root, data_dir=None, device="auto", epochs=None, val_size=N
     for cell in cells:  # every cell's settings (device, seed, epochs) before the first one trains
         dataset, model, measure = cell
         configs[cell] = TrainConfig.from_preset(
-            "paper-eval", model=model, dataset=dataset, measure=measure, seed=seed,
+            "paper-eval", model=model, dataset=dataset, measure=measure, seed=seed, counts=counts,
             device=str(resolve_device(device, dataset)), data_dir=data_dir, val_size=val_size,
             out_dir=os.path.join(root, *cell), resume=True, compile=compile, **overrides,
         )
@@ -88,6 +97,8 @@ def run_cells(cells, root, data_dir=None, device="auto", epochs=None, val_size=N
         out = os.path.join(root, *cell)
         done = read_summary(root, cell)
         if done is not None:
+            if _counts_of(done) != counts:
+                raise ValueError(f"{out} finished with {_counts_of(done)} counts, not {counts}; use another --root")
             log(f"{cell_name(cell)}: finished ({done['status']}), skipped")
             continue
         cfg = configs[cell]
@@ -125,12 +136,19 @@ def markdown_table(root: str) -> str:
         "",
         "Each cell: ours / paper, top-1 accuracy in percent. Ours is the test accuracy after the "
         "run in `" + root + "`; the paper's is its Table value. `-`: not run yet.",
+        "",
+        "Count convention of our cells (docs/design.md section 2): " + _conventions(root) + ".",
     ]
     lines += _table(root, "CIFAR-10, top-1", "cifar10", CIFAR10_MODELS,
                     lambda s, p: f"{_fmt(s, 'test_acc')} / {p['top1']:.2f}")
     lines += _table(root, "CIFAR-100, top-1 / top-5", "cifar100", CIFAR100_MODELS,
                     lambda s, p: f"{_fmt(s, 'test_acc')}/{_fmt(s, 'test_top5')} / {p['top1']:.2f}/{p['top5']:.2f}")
     return "\n".join(lines) + "\n"
+
+
+def _conventions(root: str) -> str:
+    found = sorted({_counts_of(s) for c in GRID if (s := read_summary(root, c)) is not None})
+    return ", ".join(found) if found else "none finished yet"
 
 
 def write_table(root: str) -> str:
@@ -155,13 +173,16 @@ def main(argv=None) -> int:
     p.add_argument("--val-size", type=nonnegative_int, help="validation images held out, 0..49999 (default 5000)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of every cell's training, 0..2**63-1")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--counts", choices=COUNT_CONVENTIONS, default="raw",
+                   help="count convention of every cell (docs/design.md section 2): raw (default, the paper's "
+                        "equations), freq or laplace; other than raw, the default root says so")
     p.add_argument("--list", action="store_true", help="print the selected cells and their state, run nothing")
     p.add_argument("--table-only", action="store_true", help="only rewrite results.md from finished cells")
     p.add_argument("--no-progress", action="store_true")
     args, code = p.parse(argv)
     if args is None:
         return code
-    root = args.root or default_root(args.epochs)
+    root = args.root or default_root(args.epochs, args.counts)
     try:
         cells = select_cells(args.cells, args.dataset)
         if args.list:
@@ -173,10 +194,11 @@ def main(argv=None) -> int:
         if not args.table_only:
             run_cells(cells, root, args.data_dir, args.device, args.epochs, args.val_size, args.seed,
                       progress=not args.no_progress, compile=args.compile,
-                      log=lambda s: print(s, file=sys.stderr, flush=True), download=args.download)
+                      log=lambda s: print(s, file=sys.stderr, flush=True), download=args.download,
+                      counts=args.counts)
         path = write_table(root)
     except (ValueError, FileNotFoundError, OSError) as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     print(open(path).read())
     print(f"table written to {path}")

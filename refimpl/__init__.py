@@ -9,11 +9,15 @@ the generated ``_numba_ops``), beside what every layer shares (``_jit``, ``isa``
 * ``refimpl.engine``: CPU inference of exported ``.bnn`` models (``python -m refimpl.infer``);
 * ``refimpl.codegen``: the templates of the generated kernel files (``python -m refimpl.codegen``).
 """
-from .genome import CLASSIC_MEASURES, PAPER_MEASURES, REGISTERED, Genome
-from .kernels.bits import pack_bits, unpack_bits
-from .kernels.counts import counts_conv2d, counts_dense
-from .measure import default_alpha, measure
-from .operators import BINARY, UNARY, Operator
+from . import _environment
+
+_environment.check()  # before Numba is imported: it reads NUMBA_NUM_THREADS then
+
+from .genome import CLASSIC_MEASURES, PAPER_MEASURES, REGISTERED, Genome  # noqa: E402
+from .kernels.bits import pack_bits, unpack_bits  # noqa: E402
+from .kernels.counts import counts_conv2d, counts_dense  # noqa: E402
+from .measure import default_alpha, measure  # noqa: E402
+from .operators import BINARY, UNARY, Operator  # noqa: E402
 
 __all__ = [
     "BINARY",

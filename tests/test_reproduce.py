@@ -69,6 +69,23 @@ def test_smoke_run_trains_a_cell_skips_it_when_finished_and_tabulates(tmp_path, 
     assert "| M9 | - / 64.96/88.07" not in table and "-/- / 64.96/88.07" in table
 
 
+def test_a_root_finished_under_one_convention_is_refused_under_another(tmp_path, capsys):
+    data = make_cifar(tmp_path / "data", "cifar10", per_batch=4)
+    root = str(tmp_path / "runs")
+    args = ["--data-dir", data, "--cells", "cifar10/nin/baseline", "--epochs", "1", "--root", root,
+            "--val-size", "4", "--device", "cpu", "--no-progress"]
+    assert reproduce.main([*args, "--counts", "freq"]) == 0
+    summary = json.load(open(os.path.join(root, "cifar10", "nin", "baseline", "summary.json")))
+    assert summary["config"]["counts"] == "freq"
+    assert "Count convention of our cells (docs/design.md section 2): freq." in open(os.path.join(root, "results.md")).read()
+    capsys.readouterr()
+    assert reproduce.main(args) == 2  # raw asked, freq finished there
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "finished with freq counts, not raw; use another --root" in err
+    assert reproduce.default_root(None, "laplace") == os.path.join("runs", "reproduce-laplace")
+    assert reproduce.default_root(None) == os.path.join("runs", "reproduce")
+
+
 def test_bad_cells_are_one_line_errors(capsys):
     assert reproduce.main(["--cells", "nothing/here", "--list"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
