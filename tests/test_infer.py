@@ -320,6 +320,31 @@ def test_infer_digits_without_torch_reports_the_torch_accuracy(digits_run, tmp_p
     np.testing.assert_array_equal(np.load(preds), expected)
 
 
+def test_a_model_trained_on_freq_counts_predicts_without_torch_what_torch_predicts(tmp_path):
+    # issue 27: the engine runs a model trained under another count convention, torch-free
+    out = tmp_path / "run"
+    torch.set_num_threads(2)
+    r = train_model(TrainConfig(epochs=3, milestones=(2,), out_dir=str(out), measure="M10", counts="freq"))
+    assert r.status == "ok" and r.test_acc > 0.3  # far above chance (0.1) after 3 short epochs: it learned
+    path = str(tmp_path / "m10-freq.bnn")
+    assert export_checkpoint(os.path.join(out, "checkpoint.pt"), path)["counts"] == "freq"
+    from bnn.models import build_model
+    from bnn.train import load_checkpoint
+
+    model = build_model("digits_net", "M10", 10, (1, 8, 8), counts="freq")
+    model.load_state_dict(load_checkpoint(os.path.join(out, "checkpoint.pt"))["model"])
+    model.eval()
+    data = load_dataset("digits")
+    expected = torch_logits(model, data.normalize(data.test_x).numpy()).argmax(1)
+    preds = tmp_path / "preds.npy"
+    run = _infer(path, "--digits", "--json", "--out", preds)
+    assert run.returncode == 0, run.stderr
+    summary = _last_json(run.stdout)
+    assert summary["counts"] == "freq" and summary["genome"] == "3-2-3-8-0-0-6"
+    np.testing.assert_array_equal(np.load(preds), expected)
+    assert summary["accuracy"] == pytest.approx(r.test_acc, abs=1e-12)  # bnn.train's number
+
+
 def test_infer_input_npy_uint8_hwc_float_nchw_and_normalized(digits_run, tmp_path):
     raw = load_dataset("digits").test_x.numpy()
     expected = torch_logits(digits_run["model"], digits_run["x"]).argmax(1)
