@@ -49,7 +49,40 @@ def ste_sign(x: torch.Tensor, clip_value: float | None = 1.0) -> torch.Tensor:
     return _SteSign.apply(x, clip_value)
 
 
+class _ClipMeasureGrad(torch.autograd.Function):
+    # Identity forward (the values are the inputs'); backward: each gradient with NaN -> 0, then clamped to
+    # [-limit, limit] (so +-inf -> +-limit), in place on the gradient autograd hands over.
+    @staticmethod
+    def forward(ctx, limit, *counts):
+        ctx.limit = limit
+        return tuple(t.view_as(t) for t in counts)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        limit = ctx.limit
+        return (None, *(None if g is None else torch.nan_to_num(g, nan=0.0).clamp_(-limit, limit) for g in grads))
+
+
+def clip_measure_grad(counts, limit: float | None):
+    """``counts`` unchanged forward; backward, the gradients reaching them with NaN as 0 and clamped to
+    [-limit, limit] (docs/design.md section 6, ``--measure-grad-clip``). ``None``: the counts themselves."""
+    if check_measure_grad_clip(limit) is None:
+        return tuple(counts)
+    return _ClipMeasureGrad.apply(float(limit), *counts)
+
+
+def check_measure_grad_clip(limit):
+    """``limit`` if it is None (off) or a finite number > 0, else a one-line ValueError."""
+    if limit is not None and not (isinstance(limit, (int, float)) and not isinstance(limit, bool)
+                                  and math.isfinite(limit) and limit > 0):
+        raise ValueError(f"measure_grad_clip must be a finite number > 0 or None (off), got {limit!r}")
+    return limit
+
+
 class _BinaryMeasureLayer(nn.Module):
+    # A training option, not part of the model (the forward is unchanged): bnn.train --measure-grad-clip.
+    measure_grad_clip: float | None = None
+
     def _init_measure(self, measure_spec, out_units: int, counts: str) -> None:
         self.genome = Genome.parse(measure_spec)
         self.counts = check_counts(counts)  # the count convention (refimpl/conventions.py)
@@ -62,7 +95,17 @@ class _BinaryMeasureLayer(nn.Module):
         return measure(self.genome, a, b, c, d, self.alpha)
 
     def _converted(self, counts, n):
-        return convert_counts(self.counts, *counts, n)
+        return clip_measure_grad(convert_counts(self.counts, *counts, n), self.measure_grad_clip)
+
+
+def set_measure_grad_clip(model: nn.Module, limit: float | None) -> nn.Module:
+    """Clip the gradients reaching every binary layer's measure inputs to [-limit, limit] (NaN -> 0) in
+    training, or (``None``) not; the forward is unchanged. Returns ``model``."""
+    check_measure_grad_clip(limit)  # a bad limit is refused before any layer changes
+    for layer in model.modules():
+        if isinstance(layer, _BinaryMeasureLayer):
+            layer.measure_grad_clip = limit
+    return model
 
 
 class BinaryConv2d(_BinaryMeasureLayer):

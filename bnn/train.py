@@ -99,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--counts", choices=COUNT_CONVENTIONS, default="raw",
                    help="count convention: how a, b, c, d enter the measure (docs/design.md section 2): raw (default, "
                         "the paper's equations), freq (a/n, ...), laplace ((a+1)/(n+4), ...)")
+    p.add_argument("--measure-grad-clip", type=positive_float, metavar="C",
+                   help="clip the gradients reaching every binary layer's measure inputs a, b, c, d to [-C, C] (NaN to "
+                        "0) in training; the forward is unchanged (docs/design.md section 6; default: off)")
     p.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default: {_per_dataset(DEFAULT_PRESET)})")
     p.add_argument("--epochs", type=positive_int, help=f"epochs (default: the preset's: {_per_preset('epochs')})")
     p.add_argument("--batch-size", type=positive_int, help=f"batch size (default: the preset's: {_per_preset('batch_size')})")
@@ -158,7 +161,7 @@ def config_from_args(args, ckpt: dict | None = None) -> TrainConfig:
     out = args.out or os.path.join("runs", f"{dataset}-{model}-{name}{kind}-s{args.seed}")
     return TrainConfig.from_preset(
         preset, model=model, dataset=dataset, measure=measure, downsample=args.downsample, counts=args.counts,
-        seed=args.seed,
+        measure_grad_clip=args.measure_grad_clip, seed=args.seed,
         device=args.device,
         data_dir=args.data_dir, val_size=args.val_size, train_size=args.train_size, out_dir=out,
         compile=args.compile, step=args.step, download=args.download, **overrides,
@@ -177,7 +180,8 @@ def _refuse_existing_run(out_dir: str) -> None:
 
 
 # What --resume takes from the checkpoint: given with it, they would be ignored, so they are refused.
-RESUME_FIXED = ("out", "model", "dataset", "data_dir", "download", "measure", "downsample", "counts", "preset",
+RESUME_FIXED = ("out", "model", "dataset", "data_dir", "download", "measure", "downsample", "counts", "measure_grad_clip",
+                "preset",
                 "batch_size", "lr",
                 "milestones", "seed", "val_size", "train_size", "compile", "step")
 
@@ -226,13 +230,13 @@ def main(argv=None) -> int:
         lock.release()  # the run's files are all written
     summary = {k: result.to_dict()[k] for k in ("status", "epochs", "val_acc", "test_acc", "test_top5", "wall_s")}
     summary.update(model=cfg.model, dataset=cfg.dataset, measure=cfg.measure, downsample=cfg.downsample, counts=cfg.counts,
-                   seed=cfg.seed, out=cfg.out_dir)
+                   measure_grad_clip=cfg.measure_grad_clip, seed=cfg.seed, out=cfg.out_dir)
     if args.json:
         print(json.dumps(json_safe(summary)))
     else:
         test = "n/a" if result.test_acc is None else f"{100 * result.test_acc:.2f}%"
         print(f"{result.status}: {cfg.model} on {cfg.dataset} with {cfg.measure} ({cfg.downsample} downsampling, "
-              f"{cfg.counts} counts), "
+              f"{cfg.counts} counts{'' if cfg.measure_grad_clip is None else f', measure-grad-clip {cfg.measure_grad_clip:g}'}), "
               f"{result.epochs} epochs, "
               f"test accuracy {test}, {result.wall_s:.1f} s; run folder {cfg.out_dir}")
     return 0

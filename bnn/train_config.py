@@ -14,6 +14,7 @@ from refimpl.cli import SEED_MAX
 from refimpl.genome import Genome
 
 from .data import canonical_name, check_split_sizes, read_arrays
+from .layers import check_measure_grad_clip
 from .models import MODELS, check_counts, check_downsample
 from .settings import PRESETS, STEPS, from_mapping
 
@@ -46,6 +47,9 @@ class TrainConfig:
     download: bool = False
     downsample: str = "binary"  # binary | real shortcut of a unit that changes size or width (docs/design.md section 6)
     counts: str = "raw"  # the count convention of every binary layer (refimpl/conventions.py, docs/design.md section 2)
+    # Training option (docs/design.md section 6): the gradients reaching the measure's inputs a, b, c, d
+    # clipped to [-C, C], NaN to 0; None = off (and what a checkpoint without it trained with).
+    measure_grad_clip: float | None = None
 
     def __post_init__(self) -> None:
         self.milestones = tuple(int(m) for m in self.milestones)
@@ -69,6 +73,7 @@ class TrainConfig:
         self.measure = str(Genome.parse(self.measure))
         check_downsample(self.downsample)
         check_counts(self.counts)
+        check_measure_grad_clip(self.measure_grad_clip)
         _check_int("epochs", self.epochs, 1)
         _check_int("batch_size", self.batch_size, 1)
         _check_int("seed", self.seed, 0, SEED_MAX)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import Dataset, load_dataset
+from .layers import set_measure_grad_clip
 from .models import build_model
 from .settings import ADAM_BETAS
 from .train_config import TrainConfig, TrainResult, resolve_device, resolve_step
@@ -153,8 +154,8 @@ def _check_resumable(cfg: TrainConfig, ckpt: dict, ckpt_path: str) -> None:
     for key in RESUME_MUST_MATCH:
         if saved.get(key) != getattr(cfg, key):
             raise ValueError(f"cannot resume {ckpt_path}: it was trained with {key}={saved.get(key)!r}, not {getattr(cfg, key)!r}")
-    # A checkpoint written before the options has no key: it trained the binary kind, raw counts.
-    for key, default in (("downsample", "binary"), ("counts", "raw")):
+    # A checkpoint written before the options has no key: it trained the binary kind, raw counts, no clip.
+    for key, default in (("downsample", "binary"), ("counts", "raw"), ("measure_grad_clip", None)):
         if saved.get(key, default) != getattr(cfg, key):
             raise ValueError(f"cannot resume {ckpt_path}: it was trained with "
                              f"{key}={saved.get(key, default)!r}, not {getattr(cfg, key)!r}")
@@ -180,6 +181,7 @@ def _build(cfg: TrainConfig, data: Dataset, device: torch.device, fused: bool = 
     gen = seed_everything(cfg.seed)
     model = build_model(cfg.model, cfg.measure, data.num_classes, data.input_shape,
                         downsample=cfg.downsample, counts=cfg.counts).to(device)
+    set_measure_grad_clip(model, cfg.measure_grad_clip)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=ADAM_BETAS, **({"fused": True} if fused else {}))
