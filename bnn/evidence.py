@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from refimpl.cli import SEED_MAX, OneLineParser, nonnegative_int, parse_int, positive_float, positive_int
+from refimpl.cli import SEED_MAX, OneLineParser, nonnegative_int, one_line, parse_int, positive_float, positive_int
 from refimpl.conventions import DEFAULT as RAW
 from refimpl.conventions import check_counts
 from refimpl.genome import Genome
@@ -429,7 +429,7 @@ def main(argv=None) -> int:
             results = run_grid(root, base, cells, progress=not args.no_progress, plot=args.plot, log=log,
                                jobs=args.jobs)
     except (GridError, OSError) as exc:  # OSError: a journal or report write failed (a full disk)
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(results))

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from refimpl.cli import OneLineParser
+from refimpl.cli import OneLineParser, one_line
 from refimpl.conventions import DEFAULT as DEFAULT_COUNTS
 from refimpl.engine import format as fmt
 from refimpl.engine.model_file import ModelFileError, describe
@@ -161,6 +161,7 @@ def export_model(model: nn.Module, path: str, *, mean=None, std=None, pixel_max=
     from safetensors.numpy import save
 
     refuse_non_regular(path)  # before any work: never rename over a folder, FIFO or device
+    _refuse_non_finite(model, path)
     config = dict(getattr(model, "config", {}))
     if "measure" not in config:
         raise ValueError("model has no .config with a measure; build it with bnn.models")
@@ -199,6 +200,15 @@ def export_model(model: nn.Module, path: str, *, mean=None, std=None, pixel_max=
     return meta
 
 
+def _refuse_non_finite(model: nn.Module, path: str) -> None:
+    """ValueError, one line, for a model whose weights or BatchNorm statistics are not finite: a
+    diverged run. Checked before folding, which hides some (running_var = inf folds to scale 0)."""
+    for name, t in model.state_dict().items():
+        if torch.is_floating_point(t) and not torch.isfinite(t).all():
+            raise ValueError(f"{path}: not written: {name} holds inf or NaN (a diverged run); "
+                             "export a model whose training stayed finite")
+
+
 def check_engine_accepts(meta: dict, tensors: dict[str, np.ndarray], path: str) -> None:
     """ValueError, one line, for a model the engine would refuse or could only run into inf/NaN: its
     own reader (``refimpl.engine.model_file.describe``) checks the metadata as the file will hold it (a
@@ -234,6 +244,9 @@ def export_checkpoint(checkpoint: str, out: str) -> dict:
 
     check_output(out, [checkpoint])  # -o CHECKPOINT would replace the checkpoint with the export
     ckpt = load_checkpoint(checkpoint)
+    if ckpt.get("status") == "diverged":  # its weights are what the last finite step left, or worse
+        raise ValueError(f"{checkpoint}: the run diverged (status 'diverged'); nothing to export: "
+                         "train again (a lower --lr) and export that run")
     mc, data = ckpt.get("model_config") or {}, ckpt.get("data") or {}
     try:
         # A checkpoint written before the options has no downsample (binary) and no counts (raw).
@@ -259,7 +272,7 @@ def main(argv=None) -> int:
     try:
         meta = export_checkpoint(args.checkpoint, args.out)
     except (ValueError, FileNotFoundError, OSError) as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     size = os.path.getsize(args.out)
     print(f"wrote {args.out}: {meta['arch']} with genome {meta['genome']}, {meta['downsample']} downsampling, "

@@ -29,7 +29,7 @@ import json
 import os
 import sys
 
-from refimpl.cli import OneLineParser, nonnegative_int, positive_float, positive_int, refuse_with, seed_int
+from refimpl.cli import OneLineParser, nonnegative_int, one_line, positive_float, positive_int, refuse_with, seed_int
 from refimpl.conventions import NAMES as COUNT_CONVENTIONS
 from refimpl.genome import Genome
 
@@ -224,7 +224,7 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, OSError) as exc:
         if lock is not None:
             lock.release()
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     if lock is not None:
         lock.release()  # the run's files are all written

@@ -11,7 +11,15 @@ import time
 import numpy as np
 import torch
 
-from refimpl.fileio import atomic_file, atomic_write_text, check_output, remove_stale_temps, write_error
+from refimpl.fileio import (
+    OutputError,
+    atomic_file,
+    atomic_write_text,
+    check_output,
+    open_regular,
+    remove_stale_temps,
+    write_error,
+)
 
 from .train_config import TrainConfig, TrainResult
 
@@ -78,6 +86,13 @@ def load_checkpoint(path: str) -> dict:
         raise ValueError(f"{path} is not a readable checkpoint ({type(exc).__name__}: {exc})".splitlines()[0]) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != "bnn-train-checkpoint":
         raise ValueError(f"{path} is not a bnn.train checkpoint")
+    history, epoch = ckpt.get("history"), ckpt.get("epoch")
+    # What resume and a finished run read, typed: a damaged or crafted one is one line, not a traceback.
+    if not (isinstance(history, list) and all(isinstance(r, dict) for r in history)
+            and isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0
+            and isinstance(ckpt.get("status"), str)):
+        raise ValueError(f"{path} is a damaged bnn.train checkpoint (its history, epoch or status is not what "
+                         "bnn.train writes); train again into another --out")
     return ckpt
 
 
@@ -89,8 +104,10 @@ def write_metrics(path: str, history: list[dict]) -> None:
 def append_metrics(path: str, row: dict) -> None:
     """Append one epoch's line to metrics.jsonl (a full disk is one line; resume rebuilds the file)."""
     try:
-        with open(path, "a") as f:
+        with os.fdopen(open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a") as f:  # never through a link
             f.write(json.dumps(row) + "\n")
+    except OutputError:
+        raise
     except OSError as exc:
         raise write_error(path, exc) from None
 

@@ -7,6 +7,8 @@
   stamp kept serving the old machine code after such a helper changed (a ``git pull`` that
   touches only ``_pack.py`` packed with the old code). The generated epilogues carry the same
   stamp in their text (``refimpl/codegen/epilogue_template.py``).
+* Every cache entry carries a SHA-256 of its content (``_CheckedCacheFile``): a damaged entry is
+  compiled again, with a warning, never handed to LLVM (which aborts the process on bad bitcode).
 * ``error_model="numpy"``: IEEE semantics (``1/0 = inf``, ``0/0 = nan``), never an exception
   (docs/design.md section 2). No ``fastmath``: the golden path keeps NaN and inf honest.
 * SLP vectorizer on, loop vectorizer off, per kernel: with Numba's defaults the loop vectorizer
@@ -28,6 +30,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 import numba
@@ -155,6 +158,63 @@ def _install_package_locators():
 _install_package_locators()
 
 
+class _CheckedCacheFile(caching.IndexDataCacheFile):
+    """Numba's cache files with a SHA-256 over each entry: a damaged entry (random bytes in a
+    ``.nbc``) made LLVM abort the process (exit 134) when its bitcode was parsed, and other damage
+    was a traceback. An entry whose digest does not match is a cache miss, said once on stderr,
+    and the kernel is compiled and stored again; an unreadable index is an empty one."""
+
+    MAGIC = b"refimpl-nbc-sha256\0"
+
+    def _save_data(self, name, data):
+        payload = self._dump(data)
+        with self._open_for_write(self._data_path(name)) as f:
+            f.write(self.MAGIC + hashlib.sha256(payload).digest() + payload)
+
+    def _load_data(self, name):
+        path = self._data_path(name)
+        with open(path, "rb") as f:
+            raw = f.read()
+        head, digest, payload = raw[:len(self.MAGIC)], raw[len(self.MAGIC):len(self.MAGIC) + 32], raw[len(self.MAGIC) + 32:]
+        if head != self.MAGIC:
+            return None  # an earlier version's entry: compiled again, silently
+        if hashlib.sha256(payload).digest() != digest:
+            _warn_damaged(path)
+            return None
+        return _unpickle(payload)
+
+    def _load_index(self):
+        try:
+            return super()._load_index()
+        except Exception:  # noqa: BLE001 - any damage: Numba then rewrites the index
+            _warn_damaged(self._index_path)
+            return {}
+
+
+def _unpickle(payload: bytes):
+    import pickle
+
+    return pickle.loads(payload)  # noqa: S301 - our own entry, its digest checked; the folder is this user's
+
+
+_WARNED: set = set()
+
+
+def _warn_damaged(path: str) -> None:
+    if path not in _WARNED:
+        _WARNED.add(path)
+        print(f"refimpl: warning: the kernel cache entry {path} is damaged; ignored, the kernel is compiled "
+              "again and the entry rewritten", file=sys.stderr)
+
+
+def _checked_cache(dispatcher):
+    """``dispatcher`` with its cache entries checked (``_CheckedCacheFile``); as is without a cache."""
+    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    if type(cache_file) is caching.IndexDataCacheFile:
+        cache_file.__class__ = _CheckedCacheFile
+    return dispatcher
+
+
 def jit(fn=None, *, loop_vectorize: bool = False, slp_vectorize: bool = True, **extra):
     """``numba.njit`` with the project's options; ``jit(parallel=True)`` for drivers,
     ``jit("signature")`` to compile eagerly, at import (no kernel of the package does: a cold
@@ -164,7 +224,7 @@ def jit(fn=None, *, loop_vectorize: bool = False, slp_vectorize: bool = True, **
     pipeline = _PIPELINES[loop_vectorize, slp_vectorize]
     options = {**OPTIONS, **extra, "pipeline_class": pipeline}
     if fn is None:
-        return lambda f: numba.njit(**options)(f)
+        return lambda f: _checked_cache(numba.njit(**options)(f))
     if isinstance(fn, str):
-        return lambda f: numba.njit(fn, **options)(f)
-    return numba.njit(**options)(fn)
+        return lambda f: _checked_cache(numba.njit(fn, **options)(f))
+    return _checked_cache(numba.njit(**options)(fn))

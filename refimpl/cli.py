@@ -11,6 +11,7 @@ which names the option, the bad value and the valid range. Integers are ASCII di
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import re
 import sys
@@ -25,12 +26,38 @@ class _Refused(SystemExit):
     """A refused command line: exit status 2 unless ``OneLineParser.parse`` returns it."""
 
 
+# An error line is cut here: a value echoed back (a 100,000-character --measure) stays readable.
+MAX_ERROR_CHARS = 500
+
+
+def one_line(message) -> str:
+    """``message`` (text or an exception) as one short line: runs of whitespace and newlines become
+    one space, and a line over MAX_ERROR_CHARS is cut, saying how much was left out."""
+    text = " ".join(str(message).split()) or type(message).__name__
+    if len(text) > MAX_ERROR_CHARS:
+        text = f"{text[:MAX_ERROR_CHARS]}... ({len(text) - MAX_ERROR_CHARS} more characters)"
+    return text
+
+
+def printable_streams() -> None:
+    """Make stdout and stderr show a character their encoding lacks escaped instead of raising
+    (``PYTHONIOENCODING=ascii`` and a non-ASCII path in a summary line was a traceback)."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """An ``argparse.ArgumentParser`` whose errors are one line and exit status 2."""
+    """An ``argparse.ArgumentParser`` whose errors are one line and exit status 2; making one
+    also makes the output streams ``printable_streams``, as every command line starts so."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        printable_streams()
 
     def error(self, message):
         """Print ``error: MESSAGE`` as one line and refuse the command line (status 2), no usage text."""
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {one_line(message)}", file=sys.stderr)
         raise _Refused(2)
 
     def parse(self, argv=None) -> tuple[argparse.Namespace | None, int]:

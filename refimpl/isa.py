@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
 
 import llvmlite.binding as llvm
 import numba
@@ -54,21 +53,6 @@ _REQUIRES = {
 
 class IsaError(ValueError):
     """``REFIMPL_ISA`` names no kernel path, or one this CPU cannot execute."""
-
-
-def _one_line_if_uncaught(error: IsaError) -> None:
-    """Print ``error`` as one line and exit 2 if nothing catches it: the import that raises it
-    runs before any command line's own error handling (``python -m refimpl.info`` imports the
-    package first), and a setting the user typed deserves a line, not a traceback."""
-    previous = sys.excepthook
-
-    def hook(kind, value, tb):
-        if value is not error:
-            return previous(kind, value, tb)
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2)
-
-    sys.excepthook = hook
 
 
 def _is_x86() -> bool:
@@ -136,7 +120,9 @@ def configure() -> None:
     elif wanted not in executable_paths():
         error = IsaError(f"{ENV}={wanted}: this CPU cannot execute that path (it can: {', '.join(executable_paths())})")
     if error is not None:
-        _one_line_if_uncaught(error)
+        from ._environment import one_line_if_uncaught  # here: tests/conftest.py loads this file alone
+
+        one_line_if_uncaught(error)
         raise error
     if not _is_x86():
         return  # the host target is the portable path there

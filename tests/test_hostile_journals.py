@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bnn import evidence
-from bnn._evidence_journal import GridError
 from bnn.search import cli as search_cli
 from bnn.search import journal as jr
 from bnn.search.loop import Search, SearchConfig
@@ -149,7 +148,7 @@ def test_fuzzed_evidence_journal_is_read_and_reported_or_one_grid_error(raw, tmp
     path.write_bytes(raw)
     try:
         protocol, done = evidence.read_journal(str(path), lambda line: None)
-    except GridError as exc:
+    except evidence.GridError as exc:
         assert "\n" not in str(exc)
         return
     if protocol is None:

@@ -24,13 +24,15 @@ _CHUNK = 1 << 20
 
 def _open_regular(path: str):
     """``path`` opened for binary reading; ValueError if it is not a regular file."""
-    # O_NONBLOCK: opening a FIFO must not hang; fstat on the open file then rejects it.
+    # O_NONBLOCK: opening a FIFO must not hang; fstat on the open file then rejects it, before
+    # fdopen, which says only "Is a directory: 4" (the descriptor) for a folder.
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    f = os.fdopen(fd, "rb")
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        f.close()
-        raise ValueError(f"{path} is not a regular file")
-    return f
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = "a folder, not an IDX file" if stat.S_ISDIR(mode) else "not a regular file"
+        raise ValueError(f"{path} is {what}; put the data set's file there")
+    return os.fdopen(fd, "rb")
 
 
 def _read_upto(stream, n: int) -> np.ndarray:

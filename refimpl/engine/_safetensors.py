@@ -22,9 +22,10 @@ class ModelFileError(ValueError):
 
 
 
-# A header is a few KB per layer; the bound keeps a crafted length from making the reader
-# allocate or parse gigabytes.
-MAX_HEADER_BYTES = 100 << 20
+# A header is a few KB per layer (ResNet-34's is under 100 KB); the bounds keep a crafted header
+# from making the reader allocate or parse gigabytes: 92 MB of empty objects once took 1.6 GB.
+MAX_HEADER_BYTES = 16 << 20
+MAX_HEADER_OBJECTS = 1 << 16  # JSON objects in the header: a few per tensor and per layer
 # The tensor dtypes the layers read (safetensors names).
 TENSOR_DTYPES = {"F32": np.float32, "U64": np.uint64}
 
@@ -94,6 +95,25 @@ def json_value(text, path: str, what: str):
         raise ModelFileError(f"{path}: {what}") from None
 
 
+def _bounded_json(text: bytes, path: str):
+    """The header parsed, refused once it holds more than MAX_HEADER_OBJECTS objects (counted as
+    the parser builds them, so a crafted header stops early instead of filling memory)."""
+    built = [0]
+
+    def count(pairs):
+        built[0] += 1
+        if built[0] > MAX_HEADER_OBJECTS:
+            raise ModelFileError(f"{path}: not a .bnn file (its header holds over {MAX_HEADER_OBJECTS} JSON objects)")
+        return dict(pairs)
+
+    try:
+        return json.loads(text, object_pairs_hook=count)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nesting too deep
+        if isinstance(exc, ModelFileError):
+            raise
+        raise ModelFileError(f"{path}: not a safetensors file (unreadable header)") from None
+
+
 def _tensor_index(header: dict, path: str) -> int:
     """Check every tensor entry of the safetensors header; return the data bytes they declare."""
     end = 0
@@ -134,7 +154,7 @@ def read_container(path: str) -> tuple[dict, bytes]:
         if header_len > size - 8:
             raise ModelFileError(f"{path}: truncated or not a safetensors file (header of {header_len} bytes, file has {size})")
         header_bytes = _read_exactly(f, header_len, path)
-        header = json_value(header_bytes, path, "not a safetensors file (unreadable header)")
+        header = _bounded_json(header_bytes, path)
         if not isinstance(header, dict):
             raise ModelFileError(f"{path}: not a safetensors file (header is not a JSON object)")
         need, have = _tensor_index(header, path), size - 8 - header_len

@@ -10,8 +10,8 @@ gives a new file name and a fresh compile, never stale code.
 
 Cache directory: ``$BNN_MEASURE_CACHE``, else ``$XDG_CACHE_HOME/bnn-measure``, else
 ``~/.cache/bnn-measure``; created with mode 700, and used only while it is this user's and not
-writable by group or others (Numba's cache entries there are pickles): otherwise a fresh private
-temp folder serves the process, with a one-line warning.
+writable by group or others (Numba's cache entries there are pickles): otherwise (or when it
+cannot be created) a fresh private temp folder serves the process, with a one-line warning.
 """
 from __future__ import annotations
 
@@ -122,15 +122,18 @@ def private_cache_dir() -> str:
     """``cache_dir()``, created with mode 700, if it (and its ``__pycache__``, where Numba keeps
     its cache) is private to this user; else a fresh private temp folder, with a one-line warning."""
     directory = cache_dir()
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    pycache = os.path.join(directory, "__pycache__")
-    problem = _unsafe(directory) or (_unsafe(pycache) if os.path.lexists(pycache) else None)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        pycache = os.path.join(directory, "__pycache__")
+        problem = _unsafe(directory) or (_unsafe(pycache) if os.path.lexists(pycache) else None)
+    except OSError as exc:  # HOME=/proc, a read-only home: no cache there, a private one instead
+        problem = f"{directory} cannot be created ({exc.strerror or exc})"
     if problem is None:
         return directory
     if not _FALLBACK:
         _FALLBACK.append(tempfile.mkdtemp(prefix="bnn-measure-"))  # mode 700
         print(f"refimpl: warning: not using the measure cache: {problem}; compiling into {_FALLBACK[0]} "
-              "for this process (fix: chmod go-w the folder, or set BNN_MEASURE_CACHE to a private one)",
+              "for this process (fix: chmod go-w the folder, or set BNN_MEASURE_CACHE to a private, writable one)",
               file=sys.stderr)
     return _FALLBACK[0]
 

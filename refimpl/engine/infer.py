@@ -18,7 +18,10 @@ Inputs (one of):
 Prints a summary; with ``--json`` the last stdout line is one JSON object with ``n``,
 ``accuracy`` (null without labels), ``images_per_s`` (the whole input at ``--batch``),
 ``latency_ms_batch1`` (median over single images) and the settings. ``--out preds.npy`` saves the
-predicted class indices (int64). Errors are one line on stderr and exit status 2.
+predicted class indices (int64), -1 for an image whose logits are not finite. Errors are one
+line on stderr and exit status 2; non-finite logits are reported on stdout and exit status 1.
+Images are normalized and run a batch at a time (memory does not grow with the image count
+beyond the input as stored).
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ import time
 
 import numpy as np
 
-from ..cli import OneLineParser, positive_int
+from ..cli import OneLineParser, one_line, positive_int
 from ..datasets import DATASETS, dataset_arg
 from ..fileio import atomic_file, check_output
 
@@ -61,13 +64,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load_npy(path: str, what: str) -> np.ndarray:
+def _load_npy(path: str, what: str, mmap: bool = False) -> np.ndarray:
+    """The array of a ``.npy`` file; ``mmap``: mapped, not read, so images are read a batch at a
+    time (and a header that claims more than the file holds is refused, not allocated)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{what} file {path!r} does not exist")
     try:
-        return np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+        x = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError, MemoryError) as exc:
         raise ValueError(f"{what} file {path} is not a readable .npy array ({' '.join(str(exc).split())})") from None
+    if not isinstance(x, np.ndarray):
+        raise ValueError(f"{what} file {path} is not a .npy array")
+    return x
 
 
 def _test_split(name: str, data_dir: str | None, download: bool, model):
@@ -103,24 +111,32 @@ def _test_split(name: str, data_dir: str | None, download: bool, model):
 
 
 def _inputs(args, model):
-    """(normalized float32 NCHW, labels or None, description)."""
+    """(``take(i, j)``: images i..j-1 normalized, float32 NCHW; the image count; labels or None;
+    description). Images are normalized a batch at a time: memory holds the input as stored
+    (uint8, or a mapped .npy) and one batch in float32, whatever the image count."""
     if args.dataset or args.digits or args.cifar:
         name = args.dataset or ("digits" if args.digits else "cifar")
         images, labels, where = _test_split(name, args.cifar or args.data_dir, args.download, model)
-        return model.preprocess(images.astype(np.float32)), labels, where
-    x = _load_npy(args.input, "--input")
+        return (lambda i, j: model.preprocess(images[i:j].astype(np.float32))), len(images), labels, where
+    x = _load_npy(args.input, "--input", mmap=True)
     if args.normalized:
-        x = model.check_input(x)
+        def take(i, j):
+            return model.check_input(np.array(x[i:j]))
     else:
-        x = model.preprocess(x)
+        def take(i, j):
+            return model.preprocess(np.array(x[i:j]))
+    if x.ndim < 1 or len(x) == 0:
+        raise ValueError(f"--input {args.input} holds no images (shape {x.shape})")
+    take(0, 1)  # a wrong dtype or shape is refused here, before anything runs
     labels = None
     if args.labels:
-        labels = _load_npy(args.labels, "--labels")
+        labels = _load_npy(args.labels, "--labels", mmap=True)
         if labels.ndim != 1 or len(labels) != len(x) or not np.issubdtype(labels.dtype, np.integer):
             raise ValueError(f"--labels must be {len(x)} integers (one per image), got {labels.dtype} {labels.shape}")
         if labels.min() < 0 or labels.max() >= model.num_classes:
             raise ValueError(f"--labels must lie in 0..{model.num_classes - 1}")
-    return x, labels, args.input
+        labels = np.array(labels)  # as many as the images: read now
+    return take, len(x), labels, args.input
 
 
 def run(args) -> dict:
@@ -148,29 +164,32 @@ def run(args) -> dict:
     if args.out:  # before any work: not a folder, FIFO or device, not the model or the input
         check_output(args.out, [args.model, args.input, args.labels])
     model = load(args.model)
-    x, labels, source = _inputs(args, model)
-    n = len(x)
+    take, n, labels, source = _inputs(args, model)
 
     # Warm up (loads the compiled kernels from Numba's cache, or compiles them the first time).
-    model.run(x[:1])
-    model.run(x[:min(args.batch, n)])
+    model.run(take(0, 1))
+    model.run(take(0, min(args.batch, n)))
     logits = np.empty((n, model.num_classes), dtype=np.float32)
-    t0 = time.perf_counter()
+    elapsed = 0.0  # the network's time: normalizing a batch is not timed
     for i in range(0, n, args.batch):
-        logits[i:i + args.batch] = model.run(x[i:i + args.batch])
-    elapsed = time.perf_counter() - t0
+        x = take(i, i + args.batch)
+        t0 = time.perf_counter()
+        logits[i:i + args.batch] = model.run(x)
+        elapsed += time.perf_counter() - t0
     single = []
     for i in range(min(LATENCY_IMAGES, n)):
+        x = take(i, i + 1)
         t = time.perf_counter()
-        model.run(x[i:i + 1])
+        model.run(x)
         single.append(time.perf_counter() - t)
 
-    preds = logits.argmax(axis=1).astype(np.int64)
+    finite = np.isfinite(logits).all(axis=1)
+    # An image whose logits are not all finite gets no class: -1 in --out, never argmax's guess.
+    preds = np.where(finite, logits.argmax(axis=1), -1).astype(np.int64)
     accuracy = None
     if labels is not None:
         # Non-finite logits count as wrong (bnn.train.evaluate does the same).
-        ok = np.isfinite(logits).all(axis=1)
-        accuracy = float(((preds == labels) & ok).mean())
+        accuracy = float(((preds == labels) & finite).mean())
     if args.out:
         with atomic_file(args.out) as f:  # a file object: np.save adds no ".npy" to the name
             np.save(f, preds)
@@ -188,7 +207,7 @@ def run(args) -> dict:
         "downsample": model.downsample,
         "counts": model.counts,
         "source": source,
-        "nonfinite": int((~np.isfinite(logits).all(axis=1)).sum()),
+        "nonfinite": int((~finite).sum()),
     }
 
 
@@ -200,7 +219,7 @@ def main(argv=None) -> int:
     try:
         summary = run(args)
     except (ValueError, FileNotFoundError, OSError) as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     acc = "n/a (no labels)" if summary["accuracy"] is None else f"{100 * summary['accuracy']:.2f}%"
     print(f"{summary['arch']} ({summary['genome']}, {summary['downsample']} downsampling, {summary['counts']} counts) "
@@ -208,9 +227,12 @@ def main(argv=None) -> int:
           f"from {summary['source']}: "
           f"accuracy {acc}; {summary['images_per_s']:.0f} images/s at batch {summary['batch']}, "
           f"batch-1 latency {summary['latency_ms_batch1']:.3f} ms, {summary['threads']} threads")
+    if summary["nonfinite"]:  # on stdout, with the result it qualifies; and a failing status
+        print(f"error: {summary['nonfinite']} of {summary['n']} images have non-finite logits (inf or NaN): the model "
+              "diverged or overflows on them; they get no class (-1 in --out) and count as wrong")
     if args.json:
         print(json.dumps(summary))
-    return 0
+    return 1 if summary["nonfinite"] else 0
 
 
 if __name__ == "__main__":

@@ -76,6 +76,9 @@ def _tensor(tensors: dict, name: str, shape: tuple, dtype, where: str) -> np.nda
         raise ModelFileError(
             f"{where}: tensor '{name}' is {t.dtype} {tuple(t.shape)}, metadata implies {np.dtype(dtype)} {tuple(shape)}"
         )
+    if t.dtype.kind == "f" and not np.isfinite(t).all():  # it would only ever yield inf/NaN logits
+        raise ModelFileError(f"{where}: tensor '{name}' holds inf or NaN (a diverged model); "
+                             "export one whose training stayed finite")
     return np.ascontiguousarray(t)
 
 
