@@ -1,6 +1,13 @@
 """Binary ResNet-18 (CIFAR shape) in the Numba engine vs the same network in float32 PyTorch.
 
     python bench/bench_infer.py [--threads T] [--batch 64] [--repeats 30]
+    python bench/bench_infer.py --measures paper [--rounds 7]     # baseline and M1..M10
+    python bench/bench_infer.py --measure M6 --measure 3-0-3-0-0-1-6
+
+With ``--measure``/``--measures`` it times searched measures instead (``bench/measure_bench.py``):
+one engine per genome, each on its own export of the same ResNet-18, beside torch float32 and the
+engine's baseline, in interleaved rounds; per measure images/s at the batch, ms at batch 1, time
+relative to the baseline, and the epilogue's share of the network time.
 
 Side by side in one process at the same thread count, repeats interleaved (engine, torch,
 engine, ...) so that load from other processes hits both alike; times are medians.
@@ -162,6 +169,12 @@ def _parse_args(argv):
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--no-layers", action="store_true", help="skip the per-layer and GEMM tables")
     p.add_argument("--json", action="store_true", help="end with one JSON line of the headline numbers")
+    p.add_argument("--measure", action="append", default=[], metavar="GENOME",
+                   help="time this measure (a name like M1 or a genome text) against the baseline; repeatable")
+    p.add_argument("--measures", metavar="LIST", help="'paper' (baseline and M1..M10) or a comma-separated list")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the measure table (medians)")
+    p.add_argument("--downsample", default="binary", choices=("binary", "real"),
+                   help="the shortcut of a stage's first unit, for the measure table")
     return p.parse_args(argv)
 
 
@@ -287,6 +300,10 @@ def _print_layers(rows, layers: dict) -> None:
 def main(argv=None) -> int:
     """Run the benchmark and print its tables; 0."""
     args = _parse_args(argv)
+    if args.measure or args.measures:
+        from measure_bench import run_measures
+
+        return run_measures(args)
 
     bin_model, float_model, eng = _models(args.threads)
     rng = np.random.default_rng(0)

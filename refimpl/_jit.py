@@ -100,6 +100,24 @@ _PIPELINES = {(False, True): _Compiler, (True, True): _LoopVectorizedCompiler,
               (False, False): _ScalarCompiler, (True, False): _LoopOnlyCompiler}
 
 
+@functools.lru_cache(maxsize=None)
+def _noalias(pipeline):
+    class _NoAliasCompiler(pipeline):
+        """``pipeline`` with every array argument's data marked ``noalias``: without it LLVM cannot
+        vectorize a loop that stores to one array and loads from another at computed indices
+        (the epilogue's table lookups), as it cannot prove the two apart."""
+
+        def compile_extra(self, func):
+            self.state.flags.noalias = True
+            return super().compile_extra(func)
+
+        def compile_ir(self, func_ir, lifted=(), lifted_from=None):
+            self.state.flags.noalias = True
+            return super().compile_ir(func_ir, lifted, lifted_from)
+
+    return _NoAliasCompiler
+
+
 def compiled_here(dispatcher) -> bool:
     """Whether a Numba dispatcher was made by ``jit`` (its compiler is this module's)."""
     pipeline = getattr(getattr(dispatcher, "_compiler", None), "pipeline_class", None)
@@ -215,13 +233,15 @@ def _checked_cache(dispatcher):
     return dispatcher
 
 
-def jit(fn=None, *, loop_vectorize: bool = False, slp_vectorize: bool = True, **extra):
+def jit(fn=None, *, loop_vectorize: bool = False, slp_vectorize: bool = True, noalias: bool = False, **extra):
     """``numba.njit`` with the project's options; ``jit(parallel=True)`` for drivers,
     ``jit("signature")`` to compile eagerly, at import (no kernel of the package does: a cold
     cache then costs every process seconds); ``loop_vectorize=True`` for elementwise
     loops (refimpl/codegen/epilogue_template.py says when that is safe); ``slp_vectorize=False``
-    for kernels vectorized by hand."""
+    for kernels vectorized by hand; ``noalias=True`` promises that no array the kernel writes
+    shares memory with another argument (``_noalias`` says what it buys)."""
     pipeline = _PIPELINES[loop_vectorize, slp_vectorize]
+    pipeline = _noalias(pipeline) if noalias else pipeline
     options = {**OPTIONS, **extra, "pipeline_class": pipeline}
     if fn is None:
         return lambda f: _checked_cache(numba.njit(**options)(f))

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from refimpl.engine import _drivers, epilogue
+from refimpl.engine.plan import measure_tables
 from refimpl.engine.task_call import call_task, native_address
 
 _SIGNATURE = "void(i8, i8, f4[::1], f4[::1])"
@@ -37,7 +38,8 @@ def _run_epilogue(genome, a, px, pw, n):
     alpha = np.ones((4, size), np.float32)
     out = np.zeros((1, 1, size), np.float32)
     kernel = epilogue.kernel(module, "epilogue_none")
-    kernel(a, px, pw, n - pw, alpha, np.ones(size, np.float32), np.zeros(size, np.float32), out,
+    tab, toff = measure_tables(module, np.array([int(n.max())]))  # raw counts: one row serves every n up to it
+    kernel(a, px, pw, n - pw, alpha, np.ones(size, np.float32), np.zeros(size, np.float32), tab, toff, out,
            np.zeros((1, 1, 1, 1), np.uint64), False, 1, 0, 0, 1)
     return module, kernel, out[0, 0]
 

@@ -48,6 +48,7 @@ from ..conventions import check_counts
 from ..formula import substitute
 from ..genome import Genome
 from ..kernels.tiling import TILE_CHANNELS, TILE_PIXELS, tile_function_name
+from .measure_tables import lookup_arguments, split, table_functions
 from .ops_template import to_numba
 
 
@@ -70,12 +71,24 @@ def measure_expression(genome) -> str:
     return to_numba(tree)
 
 
+def measure_tables(genome, tables: bool = True) -> tuple[str, list]:
+    """(``measure_t``'s expression: the measure with its costly one-count subtrees as names
+    ``T0``, ``T1``..., and their (count, subtree) list; refimpl/codegen/measure_tables.py says
+    why). With ``tables=False`` the plain measure and no tables, for tests that compare the two."""
+    tree = Genome.parse(genome).expression([f"al{slot}" for slot in range(4)])
+    if not tables:
+        return to_numba(tree), []
+    tree, found = split(tree)
+    return to_numba(tree), found
+
+
 # The arguments of each kernel, compiled on its first use (engine/epilogue.py's ``kernel``; the
 # task takes its range first, the driver the task's address and its number of parts): a model
 # runs one or two of the six, at 1-2 s of compile each per genome. The engine always passes
 # C-contiguous arrays.
 # a (N, P, O) int32; px (N, P); pw, npw (P, O); alpha (4, O); scale, shift (O,)
-_COMMON = "i4[:, :, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1]"
+# tab (K, R*L) the measure's lookup tables, toff (P,) each pixel's row offset (measure_tables.py)
+_COMMON = "i4[:, :, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1], f4[:, ::1], i8[::1]"
 _TAIL = "f4[:, :, ::1], u8[:, :, :, ::1], b1, i8, i8, i8, i8"
 # The fused kernels: GEMM operands (flat padded input words, weight panels, K, tap offsets,
 # window origins; a second set of weights/taps/origins for the shortcut), then per-thread
@@ -84,7 +97,7 @@ _GEMM = "u8[::1], u8[::1], i8, i8[::1], i8[::1]"
 _GEMM2 = "u8[::1], i8[::1], i8[::1]"
 _SCRATCH = "u8[:, ::1], u8[:, :, ::1], i4[:, ::1]"
 _PX_SCRATCH = "f4[:, ::1]"  # (T, P) px of the tile's pixels; (T, 2P) with the shortcut's
-_EPI = "f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1]"  # pw, npw, alpha, scale, shift
+_EPI = "f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1], f4[:, ::1], i8[::1]"  # pw, npw, alpha, scale, shift, tab, toff
 _FUSED_TAIL = "f4[:, :, ::1], u8[:, :, :, ::1], b1, i8, i8, i8"
 # The one signature of each kernel of a generated module, by name.
 SIGNATURES = {
@@ -106,7 +119,7 @@ _MODES = {
     # line just read instead of fetching a fresh one (a separate output buffer cost a
     # read-for-ownership of 16 MB per 64-channel layer at batch 64).
     "identity": ("", "fma32(m, scale[o], shift[o]) + outrow[o]"),
-    "down": (", a2, px2, pw2, npw2, alpha2, scale2, shift2",
+    "down": (", a2, px2, pw2, npw2, alpha2, scale2, shift2, tab2, toff2",
              "fma32(m, scale[o], shift[o]) + fma32(m2, scale2[o], shift2[o])"),
 }
 
@@ -124,7 +137,7 @@ def convert_lines(counts: str, suffix: str, n: str) -> list[str]:
     return lines
 
 
-def _counts(suffix: str, counts: str) -> list[str]:
+def _counts(suffix: str, counts: str, tables: list) -> list[str]:
     # The window sums arrive as float32: px (N, P), pw and npw = n - pw (P, O). Every value and
     # every intermediate below is an integer of magnitude < 2**24, so float32 arithmetic is
     # exact and gives the same a, b, c, d (and n = pw + npw) as the int64 identities
@@ -135,7 +148,27 @@ def _counts(suffix: str, counts: str) -> list[str]:
         f"B{s} = pwrow{s}[o] - A{s}",
         f"C{s} = pxv{s} - A{s}",
         f"D{s} = (npwrow{s}[o] - pxv{s}) + A{s}",
-    ] + convert_lines(counts, s, f"pwrow{s}[o] + npwrow{s}[o]")
+    ] + _index_lines(tables, s) + convert_lines(counts, s, f"pwrow{s}[o] + npwrow{s}[o]")
+
+
+def _index_lines(tables: list, s: str) -> list[str]:
+    # The integer count of each tabled count, before the convention converts it: a from the
+    # GEMM's int32, b, c, d from their exact float32 values. Unsigned, so no wraparound select;
+    # masked to 31 bits (counts are < 2**24), so LLVM gathers with 16 dword indices, not 2 x 8 qword.
+    used = sorted({count.upper() for count, _ in tables})
+    return [f"I{v}{s} = np.uint32(arow{s}[o]) & INDEX_MASK" if v == "A" else f"I{v}{s} = np.uint32({v}{s}) & INDEX_MASK"
+            for v in used]
+
+
+def _table_rows(tables: list, s: str, p: str) -> list[str]:
+    # This pixel's row of each table (the row of its window size: refimpl/codegen/measure_tables.py).
+    return [f"trow{k}{s} = tab{s}[{k}, toff{s}[{p}]:]" for k in range(len(tables))]
+
+
+def _measure_call(tables: list, s: str) -> str:
+    looked_up = lookup_arguments(tables, "trow{k}" + s, "I{v}" + s)
+    alphas = ", ".join(f"al{k}{s}[o]" for k in range(4))
+    return f"measure_t(A{s}, B{s}, C{s}, D{s}, {looked_up}{alphas})"
 
 
 def _rows(suffix: str, fused: bool) -> list[str]:
@@ -146,23 +179,23 @@ def _rows(suffix: str, fused: bool) -> list[str]:
     return [f"pxv{s} = {px}", f"pwrow{s} = pw{s}[p]", f"npwrow{s} = npw{s}[p]"]
 
 
-def _pixel(mode: str, form: str, counts: str, fused: bool = False) -> list[str]:
+def _pixel(mode: str, form: str, counts: str, tables: list, fused: bool = False) -> list[str]:
     """The epilogue of pixel p of image i, all channels, given its counts row ``arow`` (and
     ``arow2`` for the shortcut convolution)."""
-    lines = _rows("", fused)
+    lines = _rows("", fused) + _table_rows(tables, "", "p")
     if mode == "down":
-        lines += _rows("2", fused)
+        lines += _rows("2", fused) + _table_rows(tables, "2", "p")
     lines += [
         "outrow = out[i, p]",
         "yy = p // width",
         "xx = p - yy * width",
         "for o in range(np.uint64(n_out)):",
     ]
-    lines += [f"    {line}" for line in _counts("", counts)]
-    lines += ["    m = measure(A, B, C, D, al0[o], al1[o], al2[o], al3[o])"]
+    lines += [f"    {line}" for line in _counts("", counts, tables)]
+    lines += [f"    m = {_measure_call(tables, '')}"]
     if mode == "down":
-        lines += [f"    {line}" for line in _counts("2", counts)]
-        lines += ["    m2 = measure(A2, B2, C2, D2, al02[o], al12[o], al22[o], al32[o])"]
+        lines += [f"    {line}" for line in _counts("2", counts, tables)]
+        lines += [f"    m2 = {_measure_call(tables, '2')}"]
     lines += [
         f"    y = {form}",
         "    outrow[o] = y",
@@ -189,9 +222,12 @@ def _alphas(suffix: str) -> list[str]:
     return [f"al{k}{suffix} = {src}[{k}]" for k in range(4)]
 
 
-def _module_head(g: Genome, counts: str) -> list[str]:
-    """The module's docstring, imports, and its measure alone (``measure``, ``measure_array``)."""
+def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:
+    """The module's docstring, imports, and its measure alone (``measure``, ``measure_array``;
+    tabled: ``measure_t``, ``build_tables``, ``measure_array_tabled``)."""
     convert = [f"            {line}" for line in convert_lines(counts, "", "A + B + C + D")]
+    tabled, found = measure_tables(g, tables)
+    t_params = "".join(f"T{k}, " for k in range(len(found)))
     return [
         f'"""GENERATED by refimpl/codegen/epilogue_template.py for genome {g}, {counts} counts: do not edit.',
         "",
@@ -214,6 +250,9 @@ def _module_head(g: Genome, counts: str) -> list[str]:
         "F = np.float32",
         f"GENOME = {str(g)!r}",
         f"COUNTS = {counts!r}",
+        f"N_TABLES = {len(found)}",
+        f"TABLE_COUNTS = {tuple(count for count, _ in found)!r}  # the count each table reads",
+        "INDEX_MASK = np.uint32(0x7FFFFFFF)",
         "",
         "",
         "@jit(loop_vectorize=True)",
@@ -235,28 +274,55 @@ def _module_head(g: Genome, counts: str) -> list[str]:
         "            A, B, C, D = a[i, o, s], b[i, o, s], c[i, o, s], d[i, o, s]",
         *convert,
         "            out[i, o, s] = measure(A, B, C, D, alpha[0, o], alpha[1, o], alpha[2, o], alpha[3, o])",
+        "",
+        "",
+        "@jit(loop_vectorize=True)",
+        f"def measure_t(a, b, c, d, {t_params}al0, al1, al2, al3):",
+        "    # The measure with its one-count subtrees looked up (T<k> = table k at the count).",
+        f"    return {tabled}",
+        *table_functions(found, counts),
+        "",
+        "",
+        "@jit(loop_vectorize=True, noalias=True)",
+        "def measure_array_tabled(a, b, c, d, toff, tab, alpha, out):",
+        "    # As measure_array, through the tables: tab (K, R*L) and each output's row offset toff",
+        "    # (N, O, P), as refimpl/engine/plan.py's measure_tables makes them; the engine's lookups.",
+        "    n_img, n_out, size = a.shape",
+        "    for r in range(n_img * n_out):",
+        "        i = r // n_out",
+        "        o = r - i * n_out",
+        "        for s in range(size):",
+        "            A, B, C, D = a[i, o, s], b[i, o, s], c[i, o, s], d[i, o, s]",
+        "            IA, IB = np.uint32(A) & INDEX_MASK, np.uint32(B) & INDEX_MASK",
+        "            IC, ID = np.uint32(C) & INDEX_MASK, np.uint32(D) & INDEX_MASK",
+        "            off = toff[i, o, s]",
+        *convert,
+        "            out[i, o, s] = measure_t(A, B, C, D, "
+        + lookup_arguments(found, "tab[{k}, off:]", "I{v}") + "alpha[0, o], alpha[1, o], alpha[2, o], alpha[3, o])",
     ]
 
 
 def _epilogue_parameters(mode: str) -> str:
-    return f"a, px, pw, npw, alpha, scale, shift{_MODES[mode][0]}, out, bits, pack, width, pad_h, pad_w, chunk"
+    return f"a, px, pw, npw, alpha, scale, shift, tab, toff{_MODES[mode][0]}, out, bits, pack, width, pad_h, pad_w, chunk"
 
 
 def _fused_parameters(mode: str) -> str:
     gemm_args = "xflat, wflat, k_words, taps_off, bases" + (", wflat2, taps_off2, bases2" if mode == "down" else "")
     scratch = "xscratch, bscratch, ascratch" + (", ascratch2" if mode == "down" else "") + ", pxscratch"
-    return (f"{gemm_args}, {scratch}, pw, npw, alpha, scale, shift{_MODES[mode][0].replace(', a2, px2', '')}, out, bits,"
+    return (f"{gemm_args}, {scratch}, pw, npw, alpha, scale, shift, tab, toff{_MODES[mode][0].replace(', a2, px2', '')}, out, bits,"
             " pack, width, pad_h, pad_w")
 
 
-def _epilogue_function(mode: str, counts: str) -> list[str]:
+def _epilogue_function(mode: str, counts: str, tables: list) -> list[str]:
     """``epilogue_<mode>_task``: tasks task0 .. task1-1 of the epilogue of the counts a GEMM left
     in memory (``refimpl/engine/_drivers.py``'s ``epilogue_<mode>`` runs them in parallel)."""
     extra, form = _MODES[mode]
     body = [
         "",
         "",
-        "@jit(loop_vectorize=True)",
+        # noalias: out and bits share memory with no other argument (plan.py), and LLVM needs
+        # that promise to vectorize the table lookups (refimpl/_jit.py's _noalias).
+        "@jit(loop_vectorize=True, noalias=True)",
         f"def epilogue_{mode}_task(task0, task1, {_epilogue_parameters(mode)}):",
         "    # Channels last: a (N, P, O) int32; px (N, P), pw and npw = n - pw (P, O) float32;",
         "    # out (N, P, O); bits (N, Hp, Wp, K) uint64 with zero borders, written when pack is True.",
@@ -278,11 +344,11 @@ def _epilogue_function(mode: str, counts: str) -> list[str]:
     ]
     if mode == "down":
         body += ["            arow2 = a2[i, p]"]
-    body += [f"            {line}" for line in _pixel(mode, form, counts)]
+    body += [f"            {line}" for line in _pixel(mode, form, counts, tables)]
     return body
 
 
-def _fused_function(mode: str, counts: str) -> list[str]:
+def _fused_function(mode: str, counts: str, tables: list) -> list[str]:
     """``fused_<mode>_task``: tiles tile0 .. tile1-1 of the GEMM and the epilogue
     (``refimpl/engine/_drivers.py``'s ``fused_<mode>`` runs them in parallel)."""
     extra, form = _MODES[mode]
@@ -294,7 +360,7 @@ def _fused_function(mode: str, counts: str) -> list[str]:
         "",
         # No signature: compiled on first use (SIGNATURES above).
         # SLP would re-pack the byte-lookup tile inlined here (refimpl/kernels/byte_dot.py).
-        "@jit(loop_vectorize=True, slp_vectorize=not BYTE_LOOKUP)",
+        "@jit(loop_vectorize=True, slp_vectorize=not BYTE_LOOKUP, noalias=True)",
         f"def fused_{mode}_task(tile0, tile1, {_fused_parameters(mode)}):",
         "    # The popcount GEMM and the epilogue in one loop: a task is one tile of",
         f"    # {TILE_PIXELS} pixels with all their channels; its int32 ``a`` rows go to a per-thread block",
@@ -334,7 +400,7 @@ def _fused_function(mode: str, counts: str) -> list[str]:
     ]
     if mode == "down":
         body += ["            arow2 = at2[q * n_out:(q + 1) * n_out]"]
-    body += [f"            {line}" for line in _pixel(mode, form, counts, fused=True)]
+    body += [f"            {line}" for line in _pixel(mode, form, counts, tables, fused=True)]
     return body
 
 
@@ -388,13 +454,15 @@ def generate_drivers() -> str:
     return "\n".join(out) + "\n"
 
 
-def generate(genome, counts: str = DEFAULT_COUNTS) -> str:
-    """Source of the epilogue module for ``genome`` under the count convention ``counts``."""
+def generate(genome, counts: str = DEFAULT_COUNTS, tables: bool = True) -> str:
+    """Source of the epilogue module for ``genome`` under the count convention ``counts``; with
+    ``tables=False`` the measure's one-count subtrees are computed per output (for tests)."""
     g = Genome.parse(genome)
     check_counts(counts)
-    out = _module_head(g, counts)
+    found = measure_tables(g, tables)[1]
+    out = _module_head(g, counts, tables)
     for mode in _MODES:
-        out += _epilogue_function(mode, counts)
+        out += _epilogue_function(mode, counts, found)
     for mode in _MODES:
-        out += _fused_function(mode, counts)
+        out += _fused_function(mode, counts, found)
     return "\n".join(out) + "\n"

@@ -138,25 +138,27 @@ def private_cache_dir() -> str:
     return _FALLBACK[0]
 
 
-def module_name(genome, counts: str = DEFAULT_COUNTS) -> tuple[str, str]:
+def module_name(genome, counts: str = DEFAULT_COUNTS, tables: bool = True) -> tuple[str, str]:
     """(the module's name, which is also its file's stem, and its generated text)."""
     g = Genome.parse(genome)
-    text = generate(g, counts)
+    text = generate(g, counts, tables)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     # raw keeps the name it had before conventions existed (the text, hence the digest, is new).
     convention = "" if counts == DEFAULT_COUNTS else f"_{counts}"
-    return f"bnn_measure_epilogue_{str(g).replace('-', '_')}{convention}_{digest}", text
+    untabled = "" if tables else "_untabled"
+    return f"bnn_measure_epilogue_{str(g).replace('-', '_')}{convention}{untabled}_{digest}", text
 
 
-def load(genome, counts: str = DEFAULT_COUNTS):
+def load(genome, counts: str = DEFAULT_COUNTS, tables: bool = True):
     """The compiled epilogue module for ``genome`` under the count convention ``counts``
-    (generated into the cache directory once).
+    (generated into the cache directory once); ``tables=False``: without the measure's lookup
+    tables (refimpl/codegen/measure_tables.py), for tests and benchmarks that compare the two.
 
     The module runs from the text generated here, compiled with ``compile()``: never from what
     the folder holds, so a planted ``.py`` or ``__pycache__/*.pyc`` is never executed. The file
     is still written (and rewritten when it differs): Numba's cache is keyed by a real source
     file, and its line numbers point into it."""
-    key, text = module_name(genome, counts)
+    key, text = module_name(genome, counts, tables)
     if key in _LOADED:
         return _LOADED[key]
     with _COMPILE_LOCK:  # two threads loading one genome make one module, not two

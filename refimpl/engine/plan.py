@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from ..conventions import DEFAULT as RAW_COUNTS
 from ..kernels import blocked
 from ..kernels.bits import n_words
 from ..kernels.geometry import conv_output_size
@@ -20,6 +21,28 @@ from .float_kernels import RUN_THREADS, global_mean, linear, pack_padded, real_s
 from .format import BinaryConv, BinaryUnit, GlobalAvgPool, Pool, Stem
 
 _NO_BITS = np.zeros((1, 1, 1, 1), dtype=np.uint64)
+_NO_TABLES = np.zeros((1, 1), dtype=np.float32)
+
+
+def measure_tables(ep, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(tab (K, R*L) float32, toff (P,) int64): the lookup tables of the genome module ``ep``'s
+    one-count subtrees for windows of sizes ``n`` (P,), one row of L = max(n) + 1 entries per
+    distinct size (one row under raw counts, whose values do not depend on n), and each pixel's
+    row offset (refimpl/codegen/measure_tables.py). Built once per module and set of sizes."""
+    if ep.N_TABLES == 0:
+        return _NO_TABLES, np.zeros(n.shape[0], dtype=np.int64)
+    if ep.COUNTS == RAW_COUNTS:
+        ns, rows = n.max(keepdims=True), np.zeros(n.shape[0], dtype=np.int64)
+    else:
+        ns, rows = np.unique(n, return_inverse=True)
+    length = int(n.max()) + 1
+    cache = ep.__dict__.setdefault("_TABLES", {})
+    key = (ns.tobytes(), length)
+    if key not in cache:
+        tab = np.empty((ep.N_TABLES, ns.shape[0], length), dtype=np.float32)
+        ep.build_tables(ns.astype(np.int64), tab)
+        cache[key] = tab.reshape(ep.N_TABLES, -1)
+    return cache[key], np.ascontiguousarray(rows.reshape(-1) * length, dtype=np.int64)
 
 
 class _Gemm:
@@ -38,7 +61,7 @@ class _Gemm:
 class _ConvCounts:
     """Everything per (binary convolution, group of images): GEMM, window sums, buffers."""
 
-    def __init__(self, conv: BinaryConv, n_img, h, w, buf_pad):
+    def __init__(self, conv: BinaryConv, n_img, h, w, buf_pad, ep):
         kh, kw = conv.kernel
         out_h = conv_output_size(h, kh, conv.stride[0], conv.padding[0], conv.dilation[0])
         out_w = conv_output_size(w, kw, conv.stride[1], conv.padding[1], conv.dilation[1])
@@ -54,6 +77,7 @@ class _ConvCounts:
         # The epilogue's float32 forms (exact: integers below 2**24), channels last (P, O).
         self.pw_f = np.ascontiguousarray(self.pw.T, dtype=np.float32)
         self.npw_f = np.ascontiguousarray((self.n[None, :] - self.pw).T, dtype=np.float32)
+        self.tab, self.toff = measure_tables(ep, self.n)
 
     def __call__(self, bits, px):
         """``a`` of the images in ``bits``, and their window popcounts into ``px`` (N, Ho*Wo)."""
@@ -204,14 +228,14 @@ class _UnitStep(_Step):
         self.bits_in = prev_bits  # written by the previous step
         if prev_bits is None or prev_bits.shape[1:3] != (h + 2 * pad[0], w + 2 * pad[1]):
             raise AssertionError("plan: the previous step did not pack for this unit")
-        main = _ConvCounts(conv, 1, h, w, pad)
+        main = _ConvCounts(conv, 1, h, w, pad, self.ep)
         oh, ow = main.out_h, main.out_w
         self.group = _group_size(n_img, conv.out_channels, oh * ow)
         # One set of counts/buffers per group size: full groups, and the remainder if any.
         self.counts = {}
         for g in {self.group, n_img % self.group} - {0}:
-            m = _ConvCounts(conv, g, h, w, pad)
-            d = _ConvCounts(down, g, h, w, pad) if down is not None else None
+            m = _ConvCounts(conv, g, h, w, pad, self.ep)
+            d = _ConvCounts(down, g, h, w, pad, self.ep) if down is not None else None
             if d is not None and (d.out_h, d.out_w) != (oh, ow):
                 raise ValueError(f"{layer.name}: shortcut output {d.out_h}x{d.out_w} != conv output {oh}x{ow}")
             self.counts[g] = (m, d)
@@ -221,8 +245,8 @@ class _UnitStep(_Step):
         if n_img in self.counts:
             self.whole = self.counts[n_img]
         else:
-            m = _ConvCounts(conv, n_img, h, w, pad)
-            self.whole = (m, _ConvCounts(down, n_img, h, w, pad) if down is not None else None)
+            m = _ConvCounts(conv, n_img, h, w, pad, self.ep)
+            self.whole = (m, _ConvCounts(down, n_img, h, w, pad, self.ep) if down is not None else None)
         self.n_tiles = -(-n_img * oh * ow // TILE_PIXELS)
         threads = numba.config.NUMBA_NUM_THREADS
         self.ascratch = [thread_rows(threads, TILE_PIXELS * conv.out_channels, np.int32)
@@ -275,7 +299,7 @@ class _UnitStep(_Step):
             bits = self.bits_out[g0:g1] if self.pack else _NO_BITS
             chunk = _epilogue_chunk(g1 - g0, a.shape[1], a.shape[2])
             tail = (out[g0:g1], bits, self.pack, main.out_w, self.pad[0], self.pad[1], chunk)
-            head = (a, px, main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift)
+            head = (a, px, main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift, main.tab, main.toff)
             a2 = None
             tasks = (g1 - g0) * -(-a.shape[1] // chunk)
             if L.residual == "none":
@@ -287,7 +311,7 @@ class _UnitStep(_Step):
                 px2 = self.px2[g0:g1]
                 a2 = down(bits_in, px2)
                 run_kernel(epilogue.kernel(self.ep, "epilogue_down"), tasks,
-                           *head, a2, px2, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, *tail)
+                           *head, a2, px2, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, down.tab, down.toff, *tail)
             if debug is not None:
                 debug.append((main.counts(a, px), down.counts(a2, px2) if a2 is not None else None))
         oc, oh, ow = self.out_chw
@@ -308,7 +332,7 @@ class _UnitStep(_Step):
         main, down = self.whole
         mp = main.gemm.plan
         gemm = (self.bits_in.reshape(-1), mp.panels, mp.k_words, mp.taps_off, mp.bases)
-        epi = (main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift)
+        epi = (main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift, main.tab, main.toff)
         tail = (out, self.bits_out if self.pack else _NO_BITS, self.pack, main.out_w, self.pad[0], self.pad[1])
         scratch = (mp.xscratch, mp.bscratch, self.ascratch[0])
         kernel = epilogue.kernel(self.ep, f"fused_{self.mode}")
@@ -317,7 +341,7 @@ class _UnitStep(_Step):
         else:
             d, dp = L.down, down.gemm.plan
             kernel(*gemm, dp.panels, dp.taps_off, dp.bases, *scratch, self.ascratch[1], self.pxscratch,
-                   *epi, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, *tail)
+                   *epi, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, down.tab, down.toff, *tail)
 
     def convs(self):
         """(Conv, out_h, out_w) of the unit's convolutions, for benchmarks."""

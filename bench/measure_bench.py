@@ -1,0 +1,167 @@
+"""Searched measures in the engine: ``bench_infer.py --measure GENOME`` / ``--measures paper``.
+
+One binary ResNet-18 (CIFAR shape) per genome, built with the same seed (so the same weights;
+BatchNorm statistics from one random batch through that genome's own measure, non-finite ones
+replaced by 0 and 1), exported and
+loaded by ``refimpl.engine``; the float32 ResNet-18 in torch beside them. Every round runs each
+engine once at the batch and five times at batch 1, then torch the same, so load from other
+processes hits all alike; medians over the rounds.
+
+Columns: images/s at the batch, ms at batch 1, time relative to the engine's baseline (batch /
+batch 1), how many times faster than torch float32 at the batch, and the epilogue's share of the
+network time, estimated as (binary units' time - their popcount GEMMs alone) / network time at
+the batch (the GEMMs do not depend on the measure: timed once, on the baseline; a fused unit's
+GEMM is not separable, so this is an estimate: docs/performance.md).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+
+import numba
+import numpy as np
+
+PAPER = ("baseline",) + tuple(f"M{i}" for i in range(1, 11))
+
+
+def genomes(args) -> list[str]:
+    """The genomes asked for, baseline first, each once (names kept as the user wrote them)."""
+    from refimpl import Genome
+
+    asked = list(args.measure)
+    if args.measures:
+        asked += list(PAPER) if args.measures == "paper" else [m.strip() for m in args.measures.split(",") if m.strip()]
+    out, seen = [], set()
+    for name in ["baseline"] + asked:
+        key = str(Genome.parse(name))  # ValueError naming a bad genome, before anything runs
+        if key not in seen:
+            seen.add(key)
+            out.append(name)
+    return out
+
+
+def _calibrated(model, x):
+    import torch
+
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.momentum = None
+    model.train()
+    with torch.no_grad():
+        model(x)
+        for mod in model.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                # A measure that is non-finite on random windows (M5: 0/0) leaves NaN statistics,
+                # which export refuses; the timing does not depend on them.
+                finite = torch.isfinite(mod.running_mean) & torch.isfinite(mod.running_var)
+                mod.running_mean[~finite] = 0.0
+                mod.running_var[~finite] = 1.0
+    return model.eval()
+
+
+def build_engines(names, downsample: str, tmp: str) -> tuple[dict, dict]:
+    """({name: engine Model}, {name: seconds from engine.load to the first batch-1 output})."""
+    import torch
+
+    from bnn.export import export_model
+    from bnn.models import resnet18
+    from refimpl import engine
+
+    engines, first = {}, {}
+    x = torch.randn(32, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    x1 = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    for name in names:
+        torch.manual_seed(0)
+        model = _calibrated(resnet18(measure=name, binary=True, downsample=downsample), x)
+        path = os.path.join(tmp, f"{name}.bnn")
+        export_model(model, path)
+        t = time.perf_counter()
+        engines[name] = engine.load(path)
+        engines[name].run(x1)
+        first[name] = time.perf_counter() - t
+    return engines, first
+
+
+def _epilogue_share(eng, x, gemm_seconds: float, runs: int = 3) -> float:
+    """(binary units' time - their GEMMs alone) / network time, medians of ``runs`` timed runs."""
+    per = {}
+    for _ in range(runs):
+        eng.run(x, timings=True)
+        for label, t in eng.last_timings:
+            per.setdefault(label, []).append(t)
+    times = {k: float(np.median(v)) for k, v in per.items()}
+    units = sum(t for label, t in times.items() if label not in ("stem", "global_avgpool", "classifier"))
+    return max(0.0, units - gemm_seconds) / sum(times.values())
+
+
+def _rounds(engines, torch_run, xb, x1, rounds: int):
+    """Median seconds per engine (and 'torch') at the batch and at batch 1, interleaved."""
+    b_times = {k: [] for k in [*engines, "torch"]}
+    one_times = {k: [] for k in b_times}
+    runners = {**{k: e.run for k, e in engines.items()}, "torch": torch_run}
+    for fn in runners.values():  # warm: plans for both batch sizes, oneDNN primitives
+        fn(xb)
+        fn(x1)
+    for _ in range(rounds):
+        for k, fn in runners.items():
+            t = time.perf_counter()
+            fn(xb)
+            b_times[k].append(time.perf_counter() - t)
+            for _ in range(5):
+                t = time.perf_counter()
+                fn(x1)
+                one_times[k].append(time.perf_counter() - t)
+    return ({k: float(np.median(v)) for k, v in b_times.items()}, {k: float(np.median(v)) for k, v in one_times.items()})
+
+
+def run_measures(args) -> int:
+    """Build, time and print the measure table; 0."""
+    import torch
+    from bench_counts import cpu_name
+    from bench_infer import build_models, gemm_report
+
+    from refimpl import Genome, info
+
+    names = genomes(args)
+    torch.set_num_threads(args.threads)
+    numba.set_num_threads(args.threads)
+    _, float_model, _ = build_models()
+    float_model = float_model.to(memory_format=torch.channels_last)
+
+    def torch_run(x):
+        with torch.inference_mode():
+            return float_model(torch.from_numpy(x).contiguous(memory_format=torch.channels_last))
+
+    rng = np.random.default_rng(0)
+    xb = rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32)
+    x1 = xb[:1].copy()
+    with tempfile.TemporaryDirectory() as tmp:
+        engines, first = build_engines(names, args.downsample, tmp)
+    thr, lat = _rounds(engines, torch_run, xb, x1, args.rounds)
+    base = engines["baseline"]
+    gemm = {n: sum(r[2] for r in gemm_report(base, x, 3)) for n, x in ((args.batch, xb), (1, x1))}
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    print(f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs, {platform.python_implementation()} "
+          f"{platform.python_version()}, numba {numba.__version__}, torch {torch.__version__}")
+    print(f"{info.path_line()}; threads {args.threads}; load average at the end {load[0]:.2f} {load[1]:.2f} "
+          f"{load[2]:.2f} (other processes share the cores: read the ratios)")
+    print(f"binary ResNet-18, CIFAR 32x32, {args.downsample} downsampling; medians of {args.rounds} interleaved "
+          f"rounds (batch {args.batch} once, batch 1 five times per round)\n")
+    head = (f"{'measure':10s} {'genome':15s} {'img/s b' + str(args.batch):>10s} {'ms b1':>7s} "
+            f"{'vs baseline b' + str(args.batch) + '/b1':>20s} {'vs torch b' + str(args.batch):>12s} "
+            f"{'epilogue share b' + str(args.batch) + '/b1':>22s} {'first run s':>11s}")
+    print(head)
+    for name, eng in engines.items():
+        share_b = _epilogue_share(eng, xb, gemm[args.batch])
+        share_1 = _epilogue_share(eng, x1, gemm[1], runs=9)
+        rel = f"{thr[name] / thr['baseline']:.2f} / {lat[name] / lat['baseline']:.2f}"
+        print(f"{name:10s} {str(Genome.parse(name)):15s} {args.batch / thr[name]:10.0f} {lat[name] * 1e3:7.2f} "
+              f"{rel:>20s} {thr['torch'] / thr[name]:11.2f}x {f'{share_b:.0%} / {share_1:.0%}':>22s} "
+              f"{first[name]:11.2f}")
+    print(f"{'torch f32':10s} {'(float)':15s} {args.batch / thr['torch']:10.0f} {lat['torch'] * 1e3:7.2f} "
+          f"{thr['torch'] / thr['baseline']:.2f} / {lat['torch'] / lat['baseline']:.2f}".rstrip())
+    print("\nfirst run: engine.load to the first batch-1 output, compile included (or Numba's cache when "
+          "this genome was compiled before; BNN_MEASURE_CACHE=<empty dir> for a never-seen genome)")
+    return 0

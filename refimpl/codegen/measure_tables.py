@@ -1,0 +1,104 @@
+"""Lookup tables of the measure's one-count subtrees, for the engine's generated epilogue.
+
+A count is an integer in ``[0, n]`` (``n`` the window's size), so a subtree of the measure's
+expression that reads exactly one count and no alpha (``a**3``, ``atan(c)``, ``exp(-d**2)``, the
+``1 + exp(-c)`` of binary operator 10) takes at most ``n + 1`` values in a layer: the epilogue
+looks them up by the integer count instead of calling ``powf``, ``expf``, ``erff``... per output.
+
+Bit-identity: each table entry is computed by the subtree's own Numba float32 text (``to_numba``
+of the same tree the untabled measure inlines), on the count converted by the same statements
+(``refimpl/conventions.py``), compiled scalar without fastmath as ``refimpl.measure`` is; the
+epilogue then feeds the entry where the subtree stood, so every rounding is the one it was.
+Under ``freq`` and ``laplace`` a converted count depends on ``n`` too, which is smaller at
+border pixels: one table row per distinct ``n`` of the layer, chosen per pixel by a row offset
+(``raw``: one row, offset 0). Subtrees that are plain arithmetic (a count, ``alpha * x``,
+``alpha + x``, constants) stay as they are, as do operators of two counts.
+"""
+from __future__ import annotations
+
+import ast
+
+from ..conventions import BY_NAME as CONVENTIONS
+from ..conventions import DEFAULT as DEFAULT_COUNTS
+from ..formula import substitute
+from .ops_template import to_numba
+
+COUNT_NAMES = ("a", "b", "c", "d")
+
+
+def _variables(node: ast.expr) -> set[str]:
+    # Names a subtree reads, functions aside (a Call's func is a Name too).
+    funcs = {id(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)}
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and id(n) not in funcs}
+
+
+def _costly(node: ast.expr) -> bool:
+    # A libm call or a power other than a square: what a table saves per output. Numba lowers
+    # x**2.0 to x*x (exact) and plain arithmetic costs less than the gather of a lookup.
+    def squared(n):
+        return isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) and isinstance(n.right, ast.Constant) \
+            and n.right.value == 2
+    return any(isinstance(n, ast.Call) or (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) and not squared(n))
+               for n in ast.walk(node))
+
+
+def split(tree: ast.expr) -> tuple[ast.expr, list[tuple[str, ast.expr]]]:
+    """(the tree with each maximal costly one-count subtree replaced by a name ``T<k>``, and the
+    list of (count, subtree) of ``T0``, ``T1``...). Identical subtrees share one table."""
+    tree = ast.parse(ast.unparse(tree), mode="eval").body  # one node per occurrence
+    found: dict[str, int] = {}
+    tables: list[tuple[str, ast.expr]] = []
+
+    class _Replace(ast.NodeTransformer):
+        def visit(self, node):
+            if isinstance(node, ast.expr):
+                names = _variables(node)
+                if len(names) == 1 and names <= set(COUNT_NAMES) and _costly(node):
+                    text = ast.unparse(node)
+                    if text not in found:
+                        found[text] = len(tables)
+                        tables.append((next(iter(names)), node))
+                    return ast.Name(f"T{found[text]}", ast.Load())
+            return self.generic_visit(node)
+
+    return _Replace().visit(tree), tables
+
+
+def convert_one(counts: str, x: str, n: str) -> str | None:
+    """The convention's expression of one float32 count ``x`` in a window of size ``n`` (None for raw)."""
+    if counts == DEFAULT_COUNTS:
+        return None
+    formula = ast.parse(CONVENTIONS[counts].formula, mode="eval").body
+    return to_numba(substitute(formula, {"x": ast.Name(x), "n": ast.Name(n)}))
+
+
+def table_functions(tables: list[tuple[str, ast.expr]], counts: str) -> list[str]:
+    """Module lines: ``table<k>(count)`` per table, and ``build_tables(ns, out)`` that fills
+    ``out`` (K, R, L) float32 with ``out[k, r, x]`` = table k at count x in a window of size
+    ``ns[r]``. Scalar (no loop vectorizer, no fastmath), as ``refimpl.measure`` evaluates."""
+    lines = []
+    for k, (count, node) in enumerate(tables):
+        lines += ["", "", "@jit", f"def table{k}({count}):", f"    return {to_numba(node)}"]
+    convert = convert_one(counts, "X", "N")
+    lines += [
+        "",
+        "",
+        "@jit",
+        "def build_tables(ns, out):",
+        "    # out[k, r, x]: table k at the integer count x of a window of size ns[r] (built at plan time).",
+        "    for r in range(ns.shape[0]):",
+        "        N = F(ns[r])",
+        "        for x in range(out.shape[2]):",
+        "            X = F(x)",
+    ]
+    if convert is not None:
+        lines.append(f"            X = {convert}")
+    lines += [f"            out[{k}, r, x] = table{k}(X)" for k in range(len(tables))]
+    if not tables:
+        lines.append("            pass")
+    return lines
+
+
+def lookup_arguments(tables: list[tuple[str, ast.expr]], row: str, index: str) -> str:
+    """The ``T0, T1, ...`` arguments of ``measure_t``: ``row.format(k=k)[index.format(v=count)]``."""
+    return "".join(f"{row.format(k=k)}[{index.format(v=count.upper())}], " for k, (count, _) in enumerate(tables))
