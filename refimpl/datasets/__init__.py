@@ -20,8 +20,8 @@ expected and where to get them.
 from .cifar import CIFAR, CIFAR_URL, CifarArchive, cifar_test, read_cifar
 from .digits import DIGITS_TEST_SIZE, digits_test, read_digits
 from .download import DOWNLOAD_MAX_BYTES, DOWNLOAD_TIMEOUT_S
-from .idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, IDX_MAX_ITEMS, IDX_SIDE
-from .mnist import IDX, IDX_FILES, IdxSet, download_idx, idx_spec, mnist_test, read_idx_dataset
+from .idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, IDX_MAX_ITEMS, IDX_SIDE, IdxReader
+from .mnist import IDX, IDX_FILES, IdxSet, download_idx, idx_spec, mnist_test, mnist_test_stream, read_idx_dataset
 from .registry import DATASETS, INPUT_SHAPES, canonical_name, dataset_arg
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "IDX_SIDE",
     "INPUT_SHAPES",
     "CifarArchive",
+    "IdxReader",
     "IdxSet",
     "canonical_name",
     "cifar_test",
@@ -47,6 +48,7 @@ __all__ = [
     "download_idx",
     "idx_spec",
     "mnist_test",
+    "mnist_test_stream",
     "read_cifar",
     "read_digits",
     "read_idx_dataset",

@@ -6,11 +6,13 @@ header: a raw file's size must match it exactly, a .gz stream is inflated only u
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import stat
 import struct
 import zlib
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -48,45 +50,97 @@ def _read_upto(stream, n: int) -> np.ndarray:
     return buf[:got]
 
 
+class IdxReader:
+    """One IDX file read in order, checked as it goes: the header when opened (magic, shape, item
+    count, a raw file's exact size), each part's bytes as read, and the end of a ``.gz`` stream
+    (truncated, trailing bytes) once the last item is read. ``read_idx`` reads a file in one part;
+    ``refimpl.infer`` reads images a batch at a time (``batches``), so memory holds one batch."""
+
+    def __init__(self, path: str, images: bool):
+        self.path, self.images = path, images
+        self.kind, magic_want, ndim = ("images", IDX_IMAGES_MAGIC, 3) if images else ("labels", IDX_LABELS_MAGIC, 1)
+        self.item = IDX_SIDE * IDX_SIDE if images else 1
+        gz = path.endswith(".gz")
+        self._raw = _open_regular(path)
+        self._stream = gzip.GzipFile(fileobj=self._raw, mode="rb") if gz else self._raw
+        try:
+            with self._gzip_errors():
+                head = _read_upto(self._stream, 4 + 4 * ndim).tobytes()
+            self.n = self._check_header(head, magic_want, ndim)
+            self.whole = len(head) + self.n * self.item
+            size = os.fstat(self._raw.fileno()).st_size
+            if not gz and size != self.whole:
+                what = "truncated" if size < self.whole else f"{size - self.whole} trailing bytes"
+                raise ValueError(f"{path}: {what}: {size} bytes, its header ({self.n} {self.kind}) needs exactly {self.whole}")
+        except BaseException:
+            self.close()
+            raise
+        self._gz, self._read = gz, 0
+
+    def _check_header(self, head: bytes, magic_want: int, ndim: int) -> int:
+        path, kind = self.path, self.kind
+        if len(head) >= 4 and int.from_bytes(head[:4], "big") != magic_want:
+            raise ValueError(f"{path}: magic number 0x{int.from_bytes(head[:4], 'big'):08x}, expected "
+                             f"0x{magic_want:08x} (IDX {kind}, unsigned bytes); is it the {kind} file?")
+        if len(head) < 4 + 4 * ndim:
+            raise ValueError(f"{path}: truncated inside the {4 + 4 * ndim}-byte IDX header ({len(head)} bytes)")
+        dims = struct.unpack(f">{ndim}I", head[4:])
+        if self.images and dims[1:] != (IDX_SIDE, IDX_SIDE):
+            raise ValueError(f"{path}: images are {dims[1]}x{dims[2]}, expected {IDX_SIDE}x{IDX_SIDE}")
+        if dims[0] > IDX_MAX_ITEMS:
+            raise ValueError(f"{path}: header announces {dims[0]} {kind}, more than these data sets hold ({IDX_MAX_ITEMS})")
+        return dims[0]
+
+    def __len__(self) -> int:
+        return self.n
+
+    @contextlib.contextmanager
+    def _gzip_errors(self):
+        try:
+            yield
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise ValueError(f"{self.path}: not a readable gzip file "
+                             f"({' '.join(str(exc).split()) or type(exc).__name__})") from None
+
+    def read(self, count: int) -> np.ndarray:
+        """The next ``count`` items (fewer past the last), uint8; after the last, the stream's end is checked."""
+        count = min(count, self.n - self._read)
+        with self._gzip_errors():
+            data = _read_upto(self._stream, count * self.item)
+            if len(data) < count * self.item:
+                got = self.whole - (self.n - self._read) * self.item + len(data)
+                raise ValueError(f"{self.path}: truncated: {got} bytes, its header ({self.n} {self.kind}) needs {self.whole}")
+            self._read += count
+            if self._read == self.n and self._gz:  # a raw file's size was checked when opened
+                extra = len(_read_upto(self._stream, _CHUNK))
+                if extra:
+                    what = f"{extra} trailing bytes" if extra < _CHUNK else f"over {_CHUNK} trailing bytes"
+                    raise ValueError(f"{self.path}: {what} after the {self.whole} bytes its header ({self.n} {self.kind}) describes")
+        return data.reshape(count, IDX_SIDE, IDX_SIDE) if self.images else data
+
+    def batches(self, size: int) -> Iterator[np.ndarray]:
+        """The items in order, ``size`` at a time (the file is closed at the end)."""
+        try:
+            while self._read < self.n:
+                yield self.read(size)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the file (a second call does nothing)."""
+        self._raw.close()
+
+
 def read_idx(path: str, images: bool) -> np.ndarray:
     """The validated content of one IDX file: uint8 (N, 28, 28) images or (N,) labels."""
-    kind, magic_want, ndim = ("images", IDX_IMAGES_MAGIC, 3) if images else ("labels", IDX_LABELS_MAGIC, 1)
-    gz = path.endswith(".gz")
-    with _open_regular(path) as raw:
-        size = os.fstat(raw.fileno()).st_size
-        stream = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw
-        try:
-            head = _read_upto(stream, 4 + 4 * ndim)
-            head = head.tobytes()
-            if len(head) >= 4 and int.from_bytes(head[:4], "big") != magic_want:
-                raise ValueError(f"{path}: magic number 0x{int.from_bytes(head[:4], 'big'):08x}, expected "
-                                 f"0x{magic_want:08x} (IDX {kind}, unsigned bytes); is it the {kind} file?")
-            if len(head) < 4 + 4 * ndim:
-                raise ValueError(f"{path}: truncated inside the {4 + 4 * ndim}-byte IDX header ({len(head)} bytes)")
-            dims = struct.unpack(f">{ndim}I", head[4:])
-            if images and dims[1:] != (IDX_SIDE, IDX_SIDE):
-                raise ValueError(f"{path}: images are {dims[1]}x{dims[2]}, expected {IDX_SIDE}x{IDX_SIDE}")
-            n = dims[0]
-            if n > IDX_MAX_ITEMS:
-                raise ValueError(f"{path}: header announces {n} {kind}, more than these data sets hold ({IDX_MAX_ITEMS})")
-            body = n * (IDX_SIDE * IDX_SIDE if images else 1)
-            whole = len(head) + body
-            if not gz and size != whole:
-                what = "truncated" if size < whole else f"{size - whole} trailing bytes"
-                raise ValueError(f"{path}: {what}: {size} bytes, its header ({n} {kind}) needs exactly {whole}")
-            data = _read_upto(stream, body)
-            if len(data) < body:
-                raise ValueError(f"{path}: truncated: {len(head) + len(data)} bytes, its header ({n} {kind}) needs {whole}")
-            extra = len(_read_upto(stream, _CHUNK)) if gz else 0  # a raw file's size was checked above
-            if extra:
-                what = f"{extra} trailing bytes" if extra < _CHUNK else f"over {_CHUNK} trailing bytes"
-                raise ValueError(f"{path}: {what} after the {whole} bytes its header ({n} {kind}) describes")
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-            raise ValueError(f"{path}: not a readable gzip file ({' '.join(str(exc).split()) or type(exc).__name__})") from None
-    out = data
+    reader = IdxReader(path, images)
+    try:
+        out = reader.read(reader.n)
+    finally:
+        reader.close()
     if images:
-        return out.reshape(n, IDX_SIDE, IDX_SIDE)
-    if n and out.max() > 9:
+        return out
+    if reader.n and out.max() > 9:
         i = int(np.argmax(out > 9))
         raise ValueError(f"{path}: label {out[i]} at index {i} is outside 0..9")
     return out

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .download import fetch_verified
-from .idx import IDX_SIDE, read_idx
+from .idx import IDX_SIDE, IdxReader, read_idx
 from .registry import canonical_name
 
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -123,6 +123,21 @@ def mnist_test(name: str, data_dir: str, download: bool = False) -> tuple[np.nda
     paths = _locate_or_download(spec, data_dir, IDX_FILES[2:], download)
     x, y = _read_split(spec, paths, "t10k")
     return x, y, list(spec.class_names)
+
+
+def mnist_test_stream(name: str, data_dir: str, download: bool = False) -> tuple[IdxReader, np.ndarray, list[str]]:
+    """``mnist_test`` with the images left in their file: an ``IdxReader`` whose ``batches`` read
+    them in order, a batch at a time ((k, 28, 28) uint8); the labels are read whole and the pair's
+    counts checked."""
+    spec = idx_spec(name)
+    paths = _locate_or_download(spec, data_dir, IDX_FILES[2:], download)
+    img, lbl = paths["t10k-images-idx3-ubyte"], paths["t10k-labels-idx1-ubyte"]
+    y = read_idx(lbl, images=False)
+    x = IdxReader(img, images=True)
+    if len(x) != len(y):
+        x.close()
+        raise ValueError(f"{img} holds {len(x)} images but {lbl} holds {len(y)} labels; they must be one pair")
+    return x, y.astype(np.int64), list(spec.class_names)
 
 
 def _locate_or_download(spec: IdxSet, data_dir: str, names: tuple[str, ...], download: bool) -> dict[str, str]:

@@ -79,8 +79,9 @@ def _load_npy(path: str, what: str, mmap: bool = False) -> np.ndarray:
 
 
 def _test_split(name: str, data_dir: str | None, download: bool, model):
-    """(images uint8 NCHW, labels, description) of a data set's test split, refused up front when
-    its images or classes cannot be the model's. ``name`` "cifar": the archive of the model's classes."""
+    """(images, labels, description) of a data set's test split, refused up front when its images
+    or classes cannot be the model's. ``name`` "cifar": the archive of the model's classes. The
+    images are uint8 NCHW, or for the IDX sets a ``datasets.IdxReader`` that reads them in batches."""
     from .. import datasets
 
     key = name if name == "cifar" else datasets.canonical_name(name)
@@ -96,7 +97,7 @@ def _test_split(name: str, data_dir: str | None, download: bool, model):
         images, labels, names = datasets.digits_test()
         where = "digits test split"
     elif key in datasets.IDX:
-        images, labels, names = datasets.mnist_test(key, data_dir, download)
+        images, labels, names = datasets.mnist_test_stream(key, data_dir, download)
         where = f"{key} test split in {data_dir}"
     else:
         classes = model.num_classes if key == "cifar" else datasets.CIFAR[key].num_classes
@@ -111,13 +112,20 @@ def _test_split(name: str, data_dir: str | None, download: bool, model):
 
 
 def _inputs(args, model):
-    """(``take(i, j)``: images i..j-1 normalized, float32 NCHW; the image count; labels or None;
-    description). Images are normalized a batch at a time: memory holds the input as stored
-    (uint8, or a mapped .npy) and one batch in float32, whatever the image count."""
+    """(``batches(size)``: the images in order, ``size`` at a time, normalized float32 NCHW; the
+    image count; labels or None; description). Memory holds one batch in float32 whatever the
+    image count: an IDX file is read a batch at a time, a .npy file is mapped, not read."""
     if args.dataset or args.digits or args.cifar:
         name = args.dataset or ("digits" if args.digits else "cifar")
         images, labels, where = _test_split(name, args.cifar or args.data_dir, args.download, model)
-        return (lambda i, j: model.preprocess(images[i:j].astype(np.float32))), len(images), labels, where
+        if isinstance(images, np.ndarray):
+            def parts(size):
+                return (images[i:i + size] for i in range(0, len(images), size))
+        else:
+            parts = images.batches
+        c, h, w = model.input_shape
+        return ((lambda size: (model.preprocess(p.reshape(-1, c, h, w).astype(np.float32)) for p in parts(size))),
+                len(images), labels, where)
     x = _load_npy(args.input, "--input", mmap=True)
     if args.normalized:
         def take(i, j):
@@ -136,7 +144,25 @@ def _inputs(args, model):
         if labels.min() < 0 or labels.max() >= model.num_classes:
             raise ValueError(f"--labels must lie in 0..{model.num_classes - 1}")
         labels = np.array(labels)  # as many as the images: read now
-    return take, len(x), labels, args.input
+    return (lambda size: (take(i, i + size) for i in range(0, len(x), size))), len(x), labels, args.input
+
+
+def _run_batches(model, batches, n: int) -> tuple[np.ndarray, float, np.ndarray]:
+    """(logits of all ``n`` images, the seconds the network took on them, the first
+    LATENCY_IMAGES images for the batch-1 latency), the batches run in order."""
+    logits = np.empty((n, model.num_classes), dtype=np.float32)
+    elapsed, i, head = 0.0, 0, []
+    for x in batches:
+        if i == 0:  # warm up: loads the compiled kernels from Numba's cache, or compiles them
+            model.run(x[:1])
+            model.run(x)
+        t0 = time.perf_counter()  # the network's time: normalizing a batch is not timed
+        logits[i:i + len(x)] = model.run(x)
+        elapsed += time.perf_counter() - t0
+        if i < LATENCY_IMAGES:
+            head.append(x[:LATENCY_IMAGES - i])
+        i += len(x)
+    return logits, elapsed, np.concatenate(head)
 
 
 def run(args) -> dict:
@@ -164,23 +190,12 @@ def run(args) -> dict:
     if args.out:  # before any work: not a folder, FIFO or device, not the model or the input
         check_output(args.out, [args.model, args.input, args.labels])
     model = load(args.model)
-    take, n, labels, source = _inputs(args, model)
-
-    # Warm up (loads the compiled kernels from Numba's cache, or compiles them the first time).
-    model.run(take(0, 1))
-    model.run(take(0, min(args.batch, n)))
-    logits = np.empty((n, model.num_classes), dtype=np.float32)
-    elapsed = 0.0  # the network's time: normalizing a batch is not timed
-    for i in range(0, n, args.batch):
-        x = take(i, i + args.batch)
-        t0 = time.perf_counter()
-        logits[i:i + args.batch] = model.run(x)
-        elapsed += time.perf_counter() - t0
+    batches, n, labels, source = _inputs(args, model)
+    logits, elapsed, head = _run_batches(model, batches(args.batch), n)
     single = []
-    for i in range(min(LATENCY_IMAGES, n)):
-        x = take(i, i + 1)
+    for i in range(len(head)):
         t = time.perf_counter()
-        model.run(x)
+        model.run(head[i:i + 1])
         single.append(time.perf_counter() - t)
 
     finite = np.isfinite(logits).all(axis=1)
