@@ -194,6 +194,25 @@ def test_inference_memory_does_not_grow_with_the_image_count_beyond_the_stored_i
 
 
 @needs_proc
+def test_predict_normalizes_a_batch_at_a_time(tmp_path):
+    script = HWM + """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from _tiny_bnn import tiny_model
+from refimpl.engine.model import Model
+model = Model(*tiny_model(seed=3, channels=2, side=12, classes=5))
+images = np.random.default_rng(0).integers(0, 256, (100_000, 12, 12, 2), dtype=np.uint8)  # 29 MB
+model.predict(images[:300])  # compiled, its plans made
+before = peak_kb()
+logits = model.predict(images)
+print(logits.shape[0], peak_kb() - before)
+"""
+    n, grew_kb = map(int, _run("-c", script, str(ROOT / "tests")).stdout.split())
+    assert n == 100_000 and grew_kb < 30 * 1024  # the whole input in float32 is 115 MB, and it took 3 copies
+
+
+@needs_proc
 def test_an_idx_file_announcing_a_million_images_is_read_in_bounded_memory(tmp_path):
     path = tmp_path / "t10k-images-idx3-ubyte.gz"
     with gzip.open(path, "wb", compresslevel=1) as f:  # 784 MB of zeros in under 1 MB

@@ -59,6 +59,9 @@ from .plan import build_plan
 # One run at a time in the process (the module docstring says why): a shared Model's plan
 # buffers, the engine's thread count and Numba's parallel layer are not for two runs at once.
 _RUN_LOCK = threading.RLock()
+# Images ``predict`` normalizes and runs at a time (a model's logits of an image do not depend on
+# the batch it runs in).
+PREDICT_BATCH = 256
 
 
 class Model:
@@ -111,21 +114,32 @@ class Model:
         if images.dtype == np.uint8:
             if images.ndim != 4 or tuple(images.shape[1:]) != (h, w, c):
                 raise ValueError(f"uint8 images must be (N, H, W, C) = (N, {h}, {w}, {c}), got {images.shape}")
-            x = np.ascontiguousarray(images.transpose(0, 3, 1, 2)).astype(np.float32)
         elif images.dtype == np.float32:
             if images.ndim != 4 or tuple(images.shape[1:]) != (c, h, w):
                 raise ValueError(f"float32 images must be NCHW (N, {c}, {h}, {w}), got {images.shape}")
-            x = images
         else:
             raise ValueError(f"images must be uint8 (N, H, W, C) or float32 (N, C, H, W), got dtype {images.dtype}")
         if images.shape[0] == 0:
             raise ValueError("input has no images")
-        # Same float32 operations as bnn.data.Dataset.normalize: (x - mean) / std.
-        return ((x - self.mean.reshape(1, c, 1, 1)) / self.std.reshape(1, c, 1, 1)).astype(np.float32)
+        mean, std = self.mean.reshape(1, c, 1, 1).astype(np.float32), self.std.reshape(1, c, 1, 1).astype(np.float32)
+        # Same float32 operations as bnn.data.Dataset.normalize, (x - mean) / std, into one new
+        # array (the input's size in float32, where three copies were made).
+        if images.dtype == np.uint8:
+            x = np.ascontiguousarray(images.transpose(0, 3, 1, 2), dtype=np.float32)
+            x -= mean
+        else:
+            x = np.subtract(images, mean, dtype=np.float32)
+        x /= std
+        return x
 
     def predict(self, images) -> np.ndarray:
-        """Logits (N, classes) float32 of raw images, as ``run(preprocess(images))``."""
-        return self.run(self.preprocess(images))
+        """Logits (N, classes) float32 of raw images, as ``run(preprocess(images))`` gives them, a
+        batch of PREDICT_BATCH images at a time: memory holds one batch in float32."""
+        images = np.asarray(images)
+        if images.ndim != 4 or len(images) <= PREDICT_BATCH:
+            return self.run(self.preprocess(images))  # refused, or one batch
+        return np.concatenate([self.run(self.preprocess(images[i:i + PREDICT_BATCH]))
+                               for i in range(0, len(images), PREDICT_BATCH)])
 
     def run(self, x, debug: bool = False, timings: bool = False):
         """Logits (N, classes) float32 for normalized NCHW float32 ``x``.
