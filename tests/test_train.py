@@ -175,3 +175,19 @@ def test_cli_diverged_run_exits_cleanly_with_status(cifar_dirs, tmp_path):
     summary = json.loads(proc.stdout.splitlines()[-1])
     assert summary["status"] == "diverged" and summary["test_acc"] is None
     assert set(summary) >= {"status", "epochs", "val_acc", "test_acc", "wall_s"}
+
+
+def test_the_count_convention_is_recorded_and_a_resume_cannot_change_it(cifar_dirs, tmp_path):
+    out = str(tmp_path / "run")
+    proc = _cli_here("--dataset", "cifar10", "--data-dir", cifar_dirs, "--model", "digits_net", "--val-size", "4",
+                     "--epochs", "1", "--batch-size", "16", "--counts", "laplace", "--out", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1])["counts"] == "laplace"
+    ckpt = load_checkpoint(os.path.join(out, "checkpoint.pt"))
+    assert ckpt["config"]["counts"] == ckpt["model_config"]["counts"] == "laplace"
+    with open(os.path.join(out, "summary.json")) as f:
+        assert json.load(f)["config"]["counts"] == "laplace"
+    _assert_one_line_error(_cli_here("--resume", out, "--counts", "raw"), "--counts")
+    _assert_one_line_error(_cli_here("--counts", "fraq", "--out", str(tmp_path / "x")), "fraq")
+    with pytest.raises(ValueError, match="counts='laplace', not 'freq'"):
+        train_model(_cfg(cifar_dirs, out_dir=out, resume=True, epochs=2, counts="freq"))
