@@ -151,3 +151,30 @@ def test_export_cli_bad_checkpoint_is_one_line(case, tmp_path):
 def test_export_cli_help():
     r = _cli_here("--help")
     assert r.returncode == 0 and "CHECKPOINT" in r.stdout.upper()
+
+
+def test_the_count_convention_is_in_the_file_and_sets_its_version(tmp_path):
+    from refimpl.engine.format import COUNTS_VERSION
+    from refimpl.engine.model_file import ModelFileError, describe
+
+    x = torch.randn(4, 1, 8, 8)
+    for counts, version in (("raw", VERSION), ("laplace", COUNTS_VERSION)):
+        model = fresh_model("digits_net", "M1", (1, 8, 8), x)
+        for m in model.modules():
+            if isinstance(m, BinaryConv2d):
+                m.counts = counts
+        model.config["counts"] = counts
+        meta = export_model(model, str(tmp_path / f"{counts}.bnn"))
+        assert (meta["counts"], meta["version"]) == (counts, version)
+        tensors = load_file(str(tmp_path / f"{counts}.bnn"))
+        assert describe(meta, tensors, "m").counts == counts
+        older = {k: v for k, v in meta.items() if k != "counts"}  # a file from before conventions
+        if counts == "raw":
+            assert describe(older, tensors, "m").counts == "raw"
+        else:
+            with pytest.raises(ModelFileError, match="version 2 does not go with counts 'raw'"):
+                describe(older, tensors, "m")
+    model.config["counts"] = "raw"  # its layers are laplace
+    with pytest.raises(ValueError, match="counts='raw', which its binary layers do not all use"):
+        export_model(model, str(tmp_path / "mixed.bnn"))
+    assert not (tmp_path / "mixed.bnn").exists()
