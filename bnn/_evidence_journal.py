@@ -18,7 +18,7 @@ from refimpl.fileio import atomic_write_bytes, open_regular, read_regular
 STATUSES = ("ok", "diverged", "rejected", "error")
 # What the report formats from a protocol line, and the type each must have (None: the default).
 _PROTOCOL_TYPES = {"dataset": (str,), "model": (str,), "epochs": (int,), "batch_size": (int,), "lr": (int, float),
-                   "train_size": (int, type(None)), "val_size": (int, type(None)), "gamma": (int, float, type(None)),
+                   "train_size": (int, type(None)), "val_size": (int, type(None)), "gamma": (int, float),
                    "split_seed": (int, type(None)), "milestones": (list, type(None))}
 # Cut off only what a kill in the middle of this module's own write can leave.
 _TORN_START = b'{"'
@@ -63,7 +63,7 @@ def protocol_problem(p) -> str | None:
     if not isinstance(p, dict):
         return "has no protocol object"
     for key, types in _PROTOCOL_TYPES.items():
-        v = p.get(key)
+        v = p.get(key, 0.2 if key == "gamma" else None)  # an absent gamma is printed as its default
         if not isinstance(v, types) or isinstance(v, bool) or (isinstance(v, float) and not math.isfinite(v)):
             return f"has a protocol whose {key} is {v!r}"
     return None
@@ -80,7 +80,7 @@ def _split(path: str, raw: bytes, log) -> list:
             row = json.loads(line)
             if last:  # complete JSON without its newline: the write was cut before it ended
                 raise ValueError
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
             tail = last or (i == len(lines) - 2 and not lines[-1])
             if not (tail and line.startswith(_TORN_START)):
                 raise GridError(f"{path} line {i + 1} is not a line this grid wrote; repair or remove that line, "

@@ -4,6 +4,7 @@ every bad setting or file is one ``error:`` line with a non-zero exit, never a t
 import gzip
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -148,6 +149,19 @@ def test_a_cache_folder_that_cannot_be_created_falls_back_to_a_private_one(tmp_p
                        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**env, "HOME": "/proc"})
     assert r.returncode == 0, r.stderr
     assert "refimpl: warning: not using the measure cache: /proc/.cache/bnn-measure cannot be created" in r.stderr
+
+
+def test_a_read_only_cache_folder_falls_back_to_a_private_one(tmp_path, monkeypatch, capsys):
+    from refimpl.engine import epilogue
+
+    monkeypatch.setattr(epilogue, "_FALLBACK", [])
+    monkeypatch.setenv("BNN_MEASURE_CACHE", str(tmp_path / "cache"))
+    real_access = os.access
+    monkeypatch.setattr(epilogue.os, "access", lambda p, mode: p != str(tmp_path / "cache") and real_access(p, mode))
+    folder = epilogue.private_cache_dir()  # as root, only a read-only mount is unwritable: the check is faked
+    assert folder != str(tmp_path / "cache") and os.path.isdir(folder)
+    assert f"{tmp_path / 'cache'} is not writable" in capsys.readouterr().err
+    shutil.rmtree(folder)
 
 
 # -- bounded memory --------------------------------------------------------------------------------

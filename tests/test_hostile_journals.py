@@ -7,7 +7,7 @@ import os
 import string
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from bnn import evidence
@@ -125,16 +125,26 @@ def _mutated(base: dict):
                      st.sampled_from(sorted(base)), _JSON, st.sampled_from([None, *sorted(base)]))
 
 
+# Cells a grid could have written, so that most journals get past the reader to the report.
+_CELLS = st.builds(lambda m, s, status, t, v: {**CELL, "key": f"{m}/binary/s{s}", "measure": m, "seed": s,
+                                               "status": status, "test_acc": t, "val_acc": v},
+                   st.sampled_from(["baseline", "M1", "M6"]), st.integers(0, 2), st.sampled_from(["ok", "ok", "diverged"]),
+                   st.floats(0, 1), st.floats(0, 1))
+
+
 def _lines(first):
-    line = (st.one_of(_JSON, _mutated(CELL)).map(lambda v: json.dumps(v).encode())
-            | st.binary(max_size=12) | st.just(json.dumps(CELL).encode()))
+    good = _CELLS.map(lambda v: json.dumps(v).encode())
+    bad = (st.one_of(_JSON, _mutated(CELL)).map(lambda v: json.dumps(v).encode()) | st.binary(max_size=12)
+           | st.just(b"[" * 100_000))
+    line = st.integers(0, 9).flatmap(lambda k: good if k < 8 else bad)  # mostly lines a grid writes
     return st.builds(lambda head, rest, tail: b"\n".join([head, *rest]) + tail,
                      first, st.lists(line, max_size=4), st.sampled_from([b"\n", b"", b'\n{"to']))
 
 
-_EVIDENCE_FIRST = (st.just(json.dumps({"kind": "protocol", "version": 1, "protocol": PROTOCOL}).encode())
-                   | _mutated(PROTOCOL).map(lambda p: json.dumps({"kind": "protocol", "protocol": p}).encode())
-                   | _JSON.map(lambda v: json.dumps(v).encode()) | st.binary(max_size=12))
+_GOOD_FIRST = st.just(json.dumps({"kind": "protocol", "version": 1, "protocol": PROTOCOL}).encode())
+_BAD_FIRST = (_mutated(PROTOCOL).map(lambda p: json.dumps({"kind": "protocol", "protocol": p}).encode())
+              | _JSON.map(lambda v: json.dumps(v).encode()) | st.binary(max_size=12))
+_EVIDENCE_FIRST = st.integers(0, 9).flatmap(lambda k: _GOOD_FIRST if k < 6 else _BAD_FIRST)
 _SEARCH_FIRST = (st.builds(lambda c: _start(c).rstrip(b"\n"), _JSON | _mutated({"population": 4, "seed": 0}))
                  | _JSON.map(lambda v: json.dumps(v).encode()) | st.binary(max_size=12))
 _FUZZ = settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=bool(os.environ.get("CI")),
@@ -150,12 +160,15 @@ def test_fuzzed_evidence_journal_is_read_and_reported_or_one_grid_error(raw, tmp
         protocol, done = evidence.read_journal(str(path), lambda line: None)
     except evidence.GridError as exc:
         assert "\n" not in str(exc)
+        event("refused")
         return
     if protocol is None:
+        event("no protocol yet")
         return
     results = evidence.build_results(protocol, done, "cpu", 0.0)
     json.dumps(results, allow_nan=False)  # strict JSON, or this raises
     assert evidence.report.markdown(results)
+    event(f"reported, {'no' if not done else 'some'} cells")
 
 
 @_FUZZ
@@ -168,5 +181,48 @@ def test_fuzzed_search_journal_is_read_or_one_journal_error(raw, tmp_path):
         SearchConfig.from_mapping(Search.config_from_journal(tmp_path))
     except ValueError as exc:  # JournalError, or a setting from_mapping refuses: the CLI's one line
         assert str(exc).strip()
+        event(type(exc).__name__)
         return
     assert all(isinstance(e, dict) for e in events) and 0 < good <= len(raw)
+    event("read")
+
+
+@pytest.fixture(scope="module")
+def search_journal(tmp_path_factory) -> list[bytes]:
+    """The lines of a real (synthetic-fitness) search's journal."""
+    run = tmp_path_factory.mktemp("search") / "run"
+    assert search_cli.main([*SYN, "--run-dir", str(run)]) == 0
+    return (run / jr.JOURNAL).read_bytes().splitlines(keepends=True)
+
+
+@_FUZZ
+@given(edits=st.lists(st.tuples(st.integers(0, 40), st.sampled_from(["replace", "insert", "drop"]),
+                                _JSON | _mutated({"type": "result", "seq": 0, "genome": "0-0-0-0-0-0-1",
+                                                  "fitness": 0.5, "source": "train", "status": "ok"})),
+                      min_size=1, max_size=2))
+def test_fuzzed_search_journal_is_replayed_or_one_journal_error(search_journal, edits, tmp_path):
+    lines = list(search_journal)
+    for at, how, value in edits:
+        i = 1 + at % max(1, len(lines) - 1)  # the start line stays: the config is fuzzed above
+        line = (json.dumps(value) + "\n").encode()
+        if how == "replace" and i < len(lines):
+            lines[i] = line
+        elif how == "insert":
+            lines.insert(i, line)
+        elif i < len(lines):
+            del lines[i]
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    (run / jr.JOURNAL).write_bytes(b"".join(lines))
+    search = None
+    try:
+        search = Search(SearchConfig.from_mapping(Search.config_from_journal(run)), run, progress=False)
+        search.resume()
+    except ValueError as exc:  # JournalError included: the CLI prints it as one line
+        assert str(exc).strip()
+        event(type(exc).__name__)
+        return
+    finally:
+        if search is not None and search.journal is not None:
+            search.journal.close()
+    event("replayed")

@@ -39,7 +39,7 @@ def read(path: Path) -> tuple[list[dict], int]:
         line = data[pos:nl]
         try:
             events.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
             if data[nl + 1 :].strip():
                 raise JournalError(f"{path}: line {len(events) + 1} is not JSON and is not the last line") from None
             break  # a garbled last line is a torn write too

@@ -126,6 +126,8 @@ def private_cache_dir() -> str:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         pycache = os.path.join(directory, "__pycache__")
         problem = _unsafe(directory) or (_unsafe(pycache) if os.path.lexists(pycache) else None)
+        if problem is None and not os.access(directory, os.W_OK | os.X_OK):
+            problem = f"{directory} is not writable"  # a read-only mount or folder: nothing could be cached
     except OSError as exc:  # HOME=/proc, a read-only home: no cache there, a private one instead
         problem = f"{directory} cannot be created ({exc.strerror or exc})"
     if problem is None:
