@@ -175,6 +175,9 @@ def _parse_args(argv):
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the measure table (medians)")
     p.add_argument("--downsample", default="binary", choices=("binary", "real"),
                    help="the shortcut of a stage's first unit, for the measure table")
+    p.add_argument("--model", default="resnet18", choices=("resnet18", "mnist_net"), help="the network of the measure table")
+    p.add_argument("--cold", action="store_true",
+                   help="measure table: compile every genome into a fresh epilogue cache (first-run times of never-seen genomes)")
     return p.parse_args(argv)
 
 

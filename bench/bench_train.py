@@ -2,11 +2,14 @@
 
     python bench/bench_train.py                  # CPU, and CUDA when available
     python bench/bench_train.py --device cuda --steps 30 --compile
+    python bench/bench_train.py --measures paper [--steps 7]   # mnist_net, every paper measure, CPU
+    python bench/bench_train.py --measure M6 --measure 3-0-3-0-0-1-6
 
 One training step = augment + normalize + forward + cross-entropy + backward + Adam, the same
 code path as ``bnn.train`` (bnn.data's batch ops on synthetic uint8 images). Each variant is
 warmed up first (cuDNN autotuning, torch.compile), then timed step by step; the median is
-reported. From the CUDA step and evaluation times it estimates one 15-epoch fitness run on
+reported (``--measure``/``--measures``: ``bench/train_measure_bench.py``, the CPU training step
+of ``mnist_net`` per searched measure against the baseline's, interleaved). From the CUDA step and evaluation times it estimates one 15-epoch fitness run on
 CIFAR-10 (45,000 training and 5,000 validation images), the search's unit of work.
 """
 from __future__ import annotations
@@ -110,7 +113,17 @@ def main() -> int:
     p.add_argument("--steps", type=int, help="timed steps per variant (default: 2 on CPU, 30 on CUDA)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default: 1 on CPU, 10 on CUDA)")
     p.add_argument("--compile", action="store_true", help="torch.compile each model (CUDA)")
+    p.add_argument("--measure", action="append", default=[], metavar="GENOME",
+                   help="time mnist_net's CPU training step with this measure against the baseline; repeatable")
+    p.add_argument("--measures", metavar="LIST", help="'paper' (baseline and M1..M10) or a comma-separated list")
+    p.add_argument("--fused", action="store_true", help="with --measures: each genome also through bnn.measure_fused")
     args = p.parse_args()
+    if args.measure or args.measures:
+        sys.path.insert(0, os.path.dirname(__file__))
+        from train_measure_bench import run_measures
+
+        return run_measures(argparse.Namespace(**{**vars(args), "batch": args.batch if args.batch != PRESETS[
+            "fitness"]["batch_size"] else 128}), machine())
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else []) if args.device == "auto" else [args.device]
     print(machine())
     print(f"resnet18 (CIFAR, 3x32x32), batch {args.batch}, Adam; one step = augment + forward + backward + update")

@@ -1,17 +1,20 @@
 """Searched measures in the engine: ``bench_infer.py --measure GENOME`` / ``--measures paper``.
 
-One binary ResNet-18 (CIFAR shape) per genome, built with the same seed (so the same weights;
+One binary ResNet-18 (CIFAR shape; ``--model mnist_net``: the 1x28x28 network) per genome, built
+with the same seed (so the same weights;
 BatchNorm statistics from one random batch through that genome's own measure, non-finite ones
 replaced by 0 and 1), exported and
-loaded by ``refimpl.engine``; the float32 ResNet-18 in torch beside them. Every round runs each
-engine once at the batch and five times at batch 1, then torch the same, so load from other
-processes hits all alike; medians over the rounds.
+loaded by ``refimpl.engine``; the float32 network in torch beside them. Batch-1 rounds (each
+engine five times, then torch), then batch rounds (each once), so load from other processes hits
+all alike; medians over the rounds.
 
 Columns: images/s at the batch, ms at batch 1, time relative to the engine's baseline (batch /
 batch 1), how many times faster than torch float32 at the batch, and the epilogue's share of the
 network time, estimated as (binary units' time - their popcount GEMMs alone) / network time at
 the batch (the GEMMs do not depend on the measure: timed once, on the baseline; a fused unit's
-GEMM is not separable, so this is an estimate: docs/performance.md).
+GEMM is not separable, so this is an estimate: docs/performance.md). ``first run s``: from
+``engine.load`` to the first batch-1 output, compile included; with ``--cold`` every genome is
+compiled into a fresh, empty epilogue cache, as a never-seen genome is.
 """
 from __future__ import annotations
 
@@ -61,20 +64,24 @@ def _calibrated(model, x):
     return model.eval()
 
 
-def build_engines(names, downsample: str, tmp: str) -> tuple[dict, dict]:
+SHAPES = {"resnet18": (3, 32, 32), "mnist_net": (1, 28, 28)}
+
+
+def build_engines(names, arch: str, downsample: str, tmp: str) -> tuple[dict, dict]:
     """({name: engine Model}, {name: seconds from engine.load to the first batch-1 output})."""
     import torch
 
     from bnn.export import export_model
-    from bnn.models import resnet18
+    from bnn.models import build_model
     from refimpl import engine
 
     engines, first = {}, {}
-    x = torch.randn(32, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    x1 = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    shape = SHAPES[arch]
+    x = torch.randn(32, *shape, generator=torch.Generator().manual_seed(1))
+    x1 = np.random.default_rng(0).standard_normal((1, *shape)).astype(np.float32)
     for name in names:
         torch.manual_seed(0)
-        model = _calibrated(resnet18(measure=name, binary=True, downsample=downsample), x)
+        model = _calibrated(build_model(arch, name, 10, shape, binary=True, downsample=downsample), x)
         path = os.path.join(tmp, f"{name}.bnn")
         export_model(model, path)
         t = time.perf_counter()
@@ -97,23 +104,26 @@ def _epilogue_share(eng, x, gemm_seconds: float, runs: int = 3) -> float:
 
 
 def _rounds(engines, torch_run, xb, x1, rounds: int):
-    """Median seconds per engine (and 'torch') at the batch and at batch 1, interleaved."""
-    b_times = {k: [] for k in [*engines, "torch"]}
-    one_times = {k: [] for k in b_times}
+    """Median seconds per engine (and 'torch') at the batch and at batch 1, interleaved: the
+    batch-1 rounds first (each runner five times in a row), then the batch rounds, so that a
+    batch-1 run never follows a large batch (which left it 1.5-2x slower, caches and threads cold)."""
     runners = {**{k: e.run for k, e in engines.items()}, "torch": torch_run}
     for fn in runners.values():  # warm: plans for both batch sizes, oneDNN primitives
         fn(xb)
         fn(x1)
-    for _ in range(rounds):
-        for k, fn in runners.items():
-            t = time.perf_counter()
-            fn(xb)
-            b_times[k].append(time.perf_counter() - t)
-            for _ in range(5):
-                t = time.perf_counter()
-                fn(x1)
-                one_times[k].append(time.perf_counter() - t)
-    return ({k: float(np.median(v)) for k, v in b_times.items()}, {k: float(np.median(v)) for k, v in one_times.items()})
+    medians = []
+    for x, per_round in ((x1, 5), (xb, 1)):
+        times = {k: [] for k in runners}
+        cpu = {k: [] for k in runners}
+        for _ in range(rounds):
+            for k, fn in runners.items():
+                for _ in range(per_round):
+                    c, t = time.process_time(), time.perf_counter()
+                    fn(x)
+                    times[k].append(time.perf_counter() - t)
+                    cpu[k].append(time.process_time() - c)
+        medians.append(({k: float(np.median(v)) for k, v in times.items()}, {k: float(np.median(v)) for k, v in cpu.items()}))
+    return medians[1], medians[0]
 
 
 def run_measures(args) -> int:
@@ -122,12 +132,18 @@ def run_measures(args) -> int:
     from bench_counts import cpu_name
     from bench_infer import build_models, gemm_report
 
+    from bnn.models import build_model
     from refimpl import Genome, info
 
     names = genomes(args)
     torch.set_num_threads(args.threads)
     numba.set_num_threads(args.threads)
-    _, float_model, _ = build_models()
+    shape = SHAPES[args.model]
+    if args.model == "resnet18":
+        _, float_model, _ = build_models()
+    else:
+        torch.manual_seed(0)
+        float_model = _calibrated(build_model(args.model, "baseline", 10, shape, binary=False), torch.randn(32, *shape))
     float_model = float_model.to(memory_format=torch.channels_last)
 
     def torch_run(x):
@@ -135,11 +151,13 @@ def run_measures(args) -> int:
             return float_model(torch.from_numpy(x).contiguous(memory_format=torch.channels_last))
 
     rng = np.random.default_rng(0)
-    xb = rng.standard_normal((args.batch, 3, 32, 32)).astype(np.float32)
+    xb = rng.standard_normal((args.batch, *shape)).astype(np.float32)
     x1 = xb[:1].copy()
     with tempfile.TemporaryDirectory() as tmp:
-        engines, first = build_engines(names, args.downsample, tmp)
-    thr, lat = _rounds(engines, torch_run, xb, x1, args.rounds)
+        if args.cold:
+            os.environ["BNN_MEASURE_CACHE"] = os.path.join(tmp, "cache")  # every genome never seen
+        engines, first = build_engines(names, args.model, args.downsample, tmp)
+    (thr, thr_cpu), (lat, lat_cpu) = _rounds(engines, torch_run, xb, x1, args.rounds)
     base = engines["baseline"]
     gemm = {n: sum(r[2] for r in gemm_report(base, x, 3)) for n, x in ((args.batch, xb), (1, x1))}
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
@@ -147,11 +165,11 @@ def run_measures(args) -> int:
           f"{platform.python_version()}, numba {numba.__version__}, torch {torch.__version__}")
     print(f"{info.path_line()}; threads {args.threads}; load average at the end {load[0]:.2f} {load[1]:.2f} "
           f"{load[2]:.2f} (other processes share the cores: read the ratios)")
-    print(f"binary ResNet-18, CIFAR 32x32, {args.downsample} downsampling; medians of {args.rounds} interleaved "
-          f"rounds (batch {args.batch} once, batch 1 five times per round)\n")
+    print(f"binary {args.model} {'x'.join(map(str, shape))}, {args.downsample} downsampling; medians of {args.rounds} interleaved "
+          f"rounds (batch 1: five runs each per round, then batch {args.batch}: one run each)\n")
     head = (f"{'measure':10s} {'genome':15s} {'img/s b' + str(args.batch):>10s} {'ms b1':>7s} "
             f"{'vs baseline b' + str(args.batch) + '/b1':>20s} {'vs torch b' + str(args.batch):>12s} "
-            f"{'epilogue share b' + str(args.batch) + '/b1':>22s} {'first run s':>11s}")
+            f"{'epilogue share b' + str(args.batch) + '/b1':>22s} {'first run s':>11s} {'CPU time vs baseline':>21s}")
     print(head)
     for name, eng in engines.items():
         share_b = _epilogue_share(eng, xb, gemm[args.batch])
@@ -159,9 +177,12 @@ def run_measures(args) -> int:
         rel = f"{thr[name] / thr['baseline']:.2f} / {lat[name] / lat['baseline']:.2f}"
         print(f"{name:10s} {str(Genome.parse(name)):15s} {args.batch / thr[name]:10.0f} {lat[name] * 1e3:7.2f} "
               f"{rel:>20s} {thr['torch'] / thr[name]:11.2f}x {f'{share_b:.0%} / {share_1:.0%}':>22s} "
-              f"{first[name]:11.2f}")
+              f"{first[name]:11.2f} {thr_cpu[name] / thr_cpu['baseline']:10.2f} / {lat_cpu[name] / lat_cpu['baseline']:.2f}")
     print(f"{'torch f32':10s} {'(float)':15s} {args.batch / thr['torch']:10.0f} {lat['torch'] * 1e3:7.2f} "
           f"{thr['torch'] / thr['baseline']:.2f} / {lat['torch'] / lat['baseline']:.2f}".rstrip())
-    print("\nfirst run: engine.load to the first batch-1 output, compile included (or Numba's cache when "
-          "this genome was compiled before; BNN_MEASURE_CACHE=<empty dir> for a never-seen genome)")
+    print("\nCPU time: the process's CPU seconds of the same runs (both threads; immune to waiting for a core "
+          "that another process holds)")
+    print("first run: engine.load to the first batch-1 output, compile included" + (
+        " (--cold: a fresh, empty epilogue cache, every genome never seen)" if args.cold else
+        " (or Numba's cache when this genome was compiled before; --cold for a never-seen genome)"))
     return 0
