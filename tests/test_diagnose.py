@@ -124,3 +124,31 @@ def test_default_steps_are_the_evidence_protocols_epochs():
     configs, steps = _configs(args)
     assert steps == 3 * int(np.ceil(8000 / 128))
     assert (configs[0].train_size, configs[0].milestones, configs[0].model) == (8000, (2,), "mnist_net")
+
+
+def test_its_steps_are_bnn_trains_steps(digits):
+    # The same initialization, data order and Adam: the epoch's mean loss is bnn.train's, to float rounding.
+    from bnn.train_loop import train_model
+
+    cfg = TrainConfig(measure="M3", batch_size=256, epochs=1, eval_test=False)
+    run = diagnose(TrainConfig(measure="M3", batch_size=256), run_steps := -(-len(digits.train_y) // 256), digits)
+    sizes = [min(256, len(digits.train_y) - 256 * i) for i in range(run_steps)]
+    mean = sum(loss * n for loss, n in zip(run["loss"], sizes)) / sum(sizes)
+    assert train_model(cfg, digits).train_loss == pytest.approx(mean, rel=1e-5)
+
+
+def test_an_overflow_in_the_counts_backward_is_named_with_its_sum():
+    # Finite count gradients of 3e38 sum to dL/da = ga - gb - gc + gd = inf in the counts' backward, whose
+    # convolution with 0/1 bits then gives inf * 0 = NaN: the first non-finite gradient is made there.
+    from bnn.diagnose import _first_gradient_failure
+    from bnn.layers import BinaryConv2d
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(BinaryConv2d(3, 4, 3, padding=1))
+    recorder = Recorder()
+    probes = attach(model, recorder)
+    y = model(torch.randn(2, 3, 5, 5))
+    y.backward(torch.full_like(y, 3e38))
+    found = _first_gradient_failure(probes, recorder)
+    assert found["operator"] == "counts backward" and found["tensor"] in ("input bits", "weight bits")
+    assert found["dL/da inf"] > 0 and found["max_abs_grad_a"] == pytest.approx(3e38)
