@@ -167,9 +167,12 @@ def render(report: dict) -> str:
         lines += ["", f"{run['measure']} = {run['formula']}  [{run['genome']}], counts {run['counts']}{clip}: "
                       f"{run['steps_run']} steps in {run['wall_s']:.1f} s, loss {_fmt(run['loss_first'])} -> "
                       f"{_fmt(run['loss_last'])}", "  " + _verdict(run)]
-        f = run["first_nonfinite"]
-        if f is not None:
-            details = {k: v for k, v in f.items() if k not in ("step", "kind", "layer", "operator", "tensor")}
+        f, g = run["first_nonfinite"], run["first_nonfinite_gradient"]
+        for event in [e for e in (f, g if g != f else None) if e is not None]:
+            if event is g and g != f:
+                lines.append(f"  first non-finite gradient: step {g['step']}, layer {g['layer']}, made by {g['operator']} "
+                             f"(gradient of {g['tensor']})")
+            details = {k: v for k, v in event.items() if k not in ("step", "kind", "layer", "operator", "tensor")}
             lines += [f"  evidence: {k} = {v}" for k, v in details.items()]
         lines += _layer_table(run["layers"])
     lines += ["", "all0%/all1%: windows whose input bits are all 0 / all 1; den0%: zero or subnormal divisors of the "

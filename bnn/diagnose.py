@@ -152,7 +152,7 @@ def diagnose(cfg: TrainConfig, steps: int, data=None, progress: bool = False) ->
         p.layer.register_forward_pre_hook(lambda m, args, name=p.name: order.append(name))
     model.train()
     per_epoch = steps_per_epoch(len(data.train_y), cfg.batch_size, "eager")
-    losses, first, diverged_at, step, params_bad = [], None, None, 0, None
+    losses, first, first_grad, diverged_at, step, params_bad = [], None, None, None, 0, None
     bar = _progress(steps, f"{Genome.parse(cfg.measure).name or cfg.measure} {cfg.counts}", progress)
     while step < steps and diverged_at is None:
         plan = data.epoch_plan(gen)
@@ -176,9 +176,10 @@ def diagnose(cfg: TrainConfig, steps: int, data=None, progress: bool = False) ->
             loss.backward()
             for p in probes:
                 p.add_grad_stats(recorder.events)
-            found = None if first else _first_gradient_failure(probes, recorder)
+            found = None if first_grad else _first_gradient_failure(probes, recorder)
             if found:
-                first = {"step": step, "kind": "gradient", **found}
+                first_grad = {"step": step, "kind": "gradient", **found}
+                first = first or first_grad
             if params_bad is None:
                 bad = _nonfinite_parameter_grads(model)
                 params_bad = {"step": step, "parameters": bad} if bad else None
@@ -193,7 +194,7 @@ def diagnose(cfg: TrainConfig, steps: int, data=None, progress: bool = False) ->
     return {"measure": genome.name or str(genome), "genome": str(genome), "formula": genome.formula(),
             "counts": cfg.counts, "measure_grad_clip": getattr(cfg, "measure_grad_clip", None), "steps_run": len(losses),
             "steps_per_epoch": per_epoch, "diverged_at_step": diverged_at, "first_nonfinite": first,
-            "first_nonfinite_parameter_grads": params_bad,
+            "first_nonfinite_gradient": first_grad, "first_nonfinite_parameter_grads": params_bad,
             "loss_first": number(losses[0]) if losses else None, "loss_last": number(losses[-1]) if losses else None,
             "loss": [number(v) for v in losses], "layers": layer_rows(probes), "wall_s": time.perf_counter() - t0}
 

@@ -80,6 +80,7 @@ def test_a_finite_forward_with_an_infinite_backward_is_a_gradient_made_by_its_un
     assert (first["step"], first["kind"], first["operator"]) == (1, "gradient", "U2")
     assert first["layer"] == "body.0.conv"  # the layer whose windows all have d = 0
     assert "d (measure input)" in first["tensor"].split(" = ") and first["window"]["d"] == 0
+    assert run["first_nonfinite_gradient"] == first
     assert run["first_nonfinite_parameter_grads"]["step"] == 1
     assert "body.0.conv.weight" in run["first_nonfinite_parameter_grads"]["parameters"]
 
@@ -99,7 +100,7 @@ def test_json_has_its_keys_and_the_text_names_the_failure():
     doc = json.loads(r.stdout)
     assert set(doc) == {"command", "settings", "runs"}
     assert doc["settings"]["steps"] == 2 and doc["settings"]["batch_size"] == 64
-    keys = {"measure", "genome", "formula", "counts", "measure_grad_clip", "steps_run", "diverged_at_step",
+    keys = {"measure", "genome", "formula", "counts", "measure_grad_clip", "steps_run", "diverged_at_step", "first_nonfinite_gradient",
             "first_nonfinite", "first_nonfinite_parameter_grads", "loss", "layers", "wall_s"}
     assert all(keys <= set(run) for run in doc["runs"])
     assert doc["runs"][0]["first_nonfinite"] is None and doc["runs"][1]["first_nonfinite"]["operator"] == "B3"
