@@ -243,7 +243,7 @@ def export_checkpoint(checkpoint: str, out: str) -> dict:
     from .train import load_checkpoint
 
     check_output(out, [checkpoint])  # -o CHECKPOINT would replace the checkpoint with the export
-    ckpt = load_checkpoint(checkpoint)
+    ckpt = load_checkpoint(checkpoint, resumable=False)
     if ckpt.get("status") == "diverged":  # its weights are what the last finite step left, or worse
         raise ValueError(f"{checkpoint}: the run diverged (status 'diverged'); nothing to export: "
                          "train again (a lower --lr) and export that run")

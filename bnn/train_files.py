@@ -76,8 +76,10 @@ def save_checkpoint(path, model, optimizer, scheduler, gen, cfg, data, epoch, hi
         torch.save(ckpt, f)
 
 
-def load_checkpoint(path: str) -> dict:
-    """Read a bnn.train checkpoint (weights_only); a missing or foreign file is a one-line error."""
+def load_checkpoint(path: str, resumable: bool = True) -> dict:
+    """Read a bnn.train checkpoint (weights_only); a missing or foreign file is a one-line error.
+    ``resumable``: also its history, epoch and status, which resuming reads (an export reads
+    only the model and its config)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path!r}")
     try:
@@ -88,7 +90,7 @@ def load_checkpoint(path: str) -> dict:
         raise ValueError(f"{path} is not a bnn.train checkpoint")
     history, epoch = ckpt.get("history"), ckpt.get("epoch")
     # What resume and a finished run read, typed: a damaged or crafted one is one line, not a traceback.
-    if not (isinstance(history, list) and all(isinstance(r, dict) for r in history)
+    if resumable and not (isinstance(history, list) and all(isinstance(r, dict) for r in history)
             and isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0
             and isinstance(ckpt.get("status"), str)):
         raise ValueError(f"{path} is a damaged bnn.train checkpoint (its history, epoch or status is not what "
