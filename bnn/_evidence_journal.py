@@ -2,9 +2,10 @@
 
 Every line the reader accepts has the types the report needs, so a damaged or crafted journal is
 one ``GridError`` line, never a traceback in the report and never a bare ``NaN`` in results.json.
-Only a torn last line that starts as this module writes a line (``{"``) is cut off: one line of a
-user's text (a notes file put in the folder) is refused, not truncated. The file is read, appended
-to and cut through ``refimpl.fileio.open_regular``, never through a symbolic link.
+Only a torn last line that starts as this module starts that line (``{"kind": "protocol"`` or
+``{"key": ``) is cut off: a line of a user's text (a notes file put in the folder) is refused, not
+truncated. The file is read, appended to and cut through ``refimpl.fileio.open_regular``, never
+through a symbolic link.
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ STATUSES = ("ok", "diverged", "rejected", "error")
 _PROTOCOL_TYPES = {"dataset": (str,), "model": (str,), "epochs": (int,), "batch_size": (int,), "lr": (int, float),
                    "train_size": (int, type(None)), "val_size": (int, type(None)), "gamma": (int, float),
                    "split_seed": (int, type(None)), "milestones": (list, type(None))}
-# Cut off only what a kill in the middle of this module's own write can leave.
-_TORN_START = b'{"'
+# Cut off only what a kill in the middle of this module's own write can leave: the start of a
+# protocol line (line 1) or of a cell line (the others), as json.dumps writes them.
+_TORN_STARTS = (b'{"kind": "protocol"', b'{"key": ')
 
 
 class GridError(Exception):
@@ -82,7 +84,8 @@ def _split(path: str, raw: bytes, log) -> list:
                 raise ValueError
         except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
             tail = last or (i == len(lines) - 2 and not lines[-1])
-            if not (tail and line.startswith(_TORN_START)):
+            start = _TORN_STARTS[0 if i == 0 else 1]
+            if not (tail and line[:len(start)] == start[:len(line)]):
                 raise GridError(f"{path} line {i + 1} is not a line this grid wrote; repair or remove that line, "
                                 "or use another --root") from None
             log(f"{path}: ignored a torn last line")

@@ -65,6 +65,16 @@ def test_a_journal_of_one_line_of_user_text_is_refused_not_truncated(tmp_path):
         assert path.read_bytes() == text
 
 
+def test_a_last_line_of_user_text_after_the_grids_lines_is_refused_not_truncated(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    good = b'{"kind": "protocol", "version": 1, "protocol": {}}\n'
+    for tail in (b"my notes", b'{"note": "mine"'):
+        path.write_bytes(good + tail)
+        with pytest.raises(evidence.GridError, match="line 2 is not"):
+            evidence.read_journal(str(path), print)
+        assert path.read_bytes() == good + tail
+
+
 def test_a_torn_protocol_line_is_still_cut_off(tmp_path):
     path = tmp_path / "journal.jsonl"
     path.write_bytes(b'{"kind": "protocol", "version": 1, "proto')
