@@ -17,7 +17,7 @@ import errno
 import os
 from pathlib import Path
 
-from refimpl.fileio import open_regular
+from refimpl.fileio import OutputError, open_regular
 
 try:
     import fcntl
@@ -112,6 +112,9 @@ def hold_run_dir(run_dir, create: bool = True) -> RunLock:
     # never through a link: a planted ``lock -> someone's file`` would have that file overwritten.
     fh = os.fdopen(open_regular(path, os.O_RDWR | os.O_CREAT, 0o644), "r+b")
     try:
+        if os.fstat(fh.fileno()).st_nlink > 1:  # a hard link planted as ``lock``: another file's content
+            raise OutputError(f"refusing to use {path}: it has other hard links, so writing the pid would change "
+                              "another file; remove it")
         if not _try_lock(fh):
             raise RunDirInUse(run_dir, _read_pid(path))
         fh.seek(0)

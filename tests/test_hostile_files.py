@@ -39,6 +39,15 @@ def test_a_lock_that_is_a_symbolic_link_is_refused_and_its_target_untouched(tmp_
     assert target.read_bytes() == PRECIOUS
 
 
+def test_a_lock_that_is_a_hard_link_to_another_file_is_refused(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "v.txt").write_bytes(PRECIOUS)
+    os.link(tmp_path / "v.txt", tmp_path / "run" / "lock")
+    with pytest.raises(OSError, match="hard links"):
+        hold_run_dir(tmp_path / "run")
+    assert (tmp_path / "v.txt").read_bytes() == PRECIOUS
+
+
 def test_a_lock_that_is_a_fifo_is_refused_without_hanging(tmp_path):
     (tmp_path / "run").mkdir()
     os.mkfifo(tmp_path / "run" / "lock")
