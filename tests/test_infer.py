@@ -2,7 +2,8 @@
 
 Oracles: the PyTorch model in eval mode (float32) for logits and predictions; ``bnn.counts_conv2d``
 on the inputs torch's binary layers actually saw (forward hooks) for the per-layer counts;
-``refimpl.measure(dtype=float32)`` for the generated measure; ``bnn.data`` for the data splits.
+``bnn.data`` for the data splits. The generated measure against ``refimpl.measure(dtype=float32)``
+is tests/test_measure_tables.py's.
 """
 import json
 import os
@@ -23,13 +24,8 @@ from bnn.export import export_checkpoint, export_model
 from bnn.layers import BinaryConv2d, sign
 from bnn.train import TrainConfig, train_model
 from refimpl import datasets, engine
-from refimpl.codegen import epilogue_template
-from refimpl.conventions import NAMES as CONVENTIONS
-from refimpl.engine import epilogue, plan
+from refimpl.engine import plan
 from refimpl.engine.format import FORMAT
-from refimpl.genome import PAPER_MEASURES, Genome
-from refimpl.measure import measure
-from refimpl.operators import N_BINARY, N_UNARY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Runs refimpl.infer with torch unimportable: a meta-path finder raises ImportError for torch
@@ -236,46 +232,6 @@ def test_fused_and_two_pass_layers_agree_bit_for_bit(arch, genome, size, downsam
         results[name] = m.run(xs).copy()
     np.testing.assert_array_equal(results["fused"], results["two-pass"])
     assert np.isfinite(results["fused"]).all()
-
-
-# ---------------------------------------------------------------------------------------------
-# The generated epilogue's measure is refimpl.measure(dtype=float32), bit for bit
-
-
-def _covering_genomes():
-    # Every unary code in every slot position at least once and every binary code, in 5 genomes
-    # (from the operator table's sizes, so a new operator is covered automatically).
-    out = []
-    for k in range(max(-(-N_UNARY // 4), -(-N_BINARY // 3))):
-        unary = [(4 * k + s) % N_UNARY for s in range(4)]
-        binary = [(3 * k + s) % N_BINARY for s in range(3)]
-        out.append("-".join(map(str, unary + binary)))
-    return out
-
-
-@pytest.mark.parametrize("counts", CONVENTIONS)
-@pytest.mark.parametrize("genome", list(PAPER_MEASURES) + _covering_genomes())
-def test_generated_measure_equals_refimpl_measure_float32(genome, counts):
-    rng = np.random.default_rng(7)
-    shape = (2, 6, 257)
-    a, b, c, d = (rng.integers(0, 700, shape) for _ in range(4))
-    a[0, 0, :20] = 0  # zero counts: log(0), 0/0, division by zero
-    d[0, 1, :20] = 0
-    c[1, 2, :20] = 0
-    alpha = rng.uniform(-2, 2, (4, 6)).astype(np.float32)
-    expected = measure(genome, a, b, c, d, alpha=alpha, dtype=np.float32, counts=counts)
-    got = np.empty(shape, np.float32)
-    mod = epilogue.load(genome, counts)
-    mod.measure_array(*(v.astype(np.float32) for v in (a, b, c, d)), alpha, got)
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
-    np.testing.assert_array_equal(got, expected)  # infinities with their signs, finite values exactly
-
-
-def test_measure_expression_is_the_genome_formula():
-    # The generated expression and Genome.formula() come from the same table substitution.
-    src = epilogue_template.generate("M1")
-    assert f"measure = {Genome.parse('M1').formula()}" in src
-    assert "b ** F(3.0) - c" in epilogue_template.measure_expression("M1")
 
 
 # ---------------------------------------------------------------------------------------------

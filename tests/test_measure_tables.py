@@ -1,4 +1,5 @@
-"""The engine's measure lookup tables (refimpl/codegen/measure_tables.py) change no bit.
+"""The engine's generated measure is refimpl.measure(dtype=float32), bit for bit, and its lookup
+tables (refimpl/codegen/measure_tables.py) change no bit.
 
 Every unary code in every slot, under every count convention, with every table entry of a few
 window sizes looked up: the tabled generated code equals ``refimpl.measure(dtype=float32)`` and
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from refimpl import PAPER_MEASURES, Genome, measure
+from refimpl.codegen import epilogue_template
 from refimpl.codegen import measure_tables as mt
 from refimpl.conventions import NAMES as CONVENTIONS
 from refimpl.engine import epilogue
@@ -96,6 +98,46 @@ def test_tables_have_one_row_per_window_size_except_under_raw_counts():
     # the row of n = 6, at count 3: b**3 of the frequency 3/6, as refimpl.measure would take it
     x = np.float32(3) / np.float32(6)
     assert tab[0, 10 + 3] == np.float32(x) ** np.float32(3)
+
+
+# ---------------------------------------------------------------------------------------------
+# The generated epilogue's measure is refimpl.measure(dtype=float32), bit for bit
+
+
+def _covering_genomes():
+    # Every unary code in every slot position at least once and every binary code, in 5 genomes
+    # (from the operator table's sizes, so a new operator is covered automatically).
+    out = []
+    for k in range(max(-(-N_UNARY // 4), -(-N_BINARY // 3))):
+        unary = [(4 * k + s) % N_UNARY for s in range(4)]
+        binary = [(3 * k + s) % N_BINARY for s in range(3)]
+        out.append("-".join(map(str, unary + binary)))
+    return out
+
+
+@pytest.mark.parametrize("counts", CONVENTIONS)
+@pytest.mark.parametrize("genome", list(PAPER_MEASURES) + _covering_genomes())
+def test_generated_measure_equals_refimpl_measure_float32(genome, counts):
+    rng = np.random.default_rng(7)
+    shape = (2, 6, 257)
+    a, b, c, d = (rng.integers(0, 700, shape) for _ in range(4))
+    a[0, 0, :20] = 0  # zero counts: log(0), 0/0, division by zero
+    d[0, 1, :20] = 0
+    c[1, 2, :20] = 0
+    alpha = rng.uniform(-2, 2, (4, 6)).astype(np.float32)
+    expected = measure(genome, a, b, c, d, alpha=alpha, dtype=np.float32, counts=counts)
+    got = np.empty(shape, np.float32)
+    mod = epilogue.load(genome, counts)
+    mod.measure_array(*(v.astype(np.float32) for v in (a, b, c, d)), alpha, got)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_array_equal(got, expected)  # infinities with their signs, finite values exactly
+
+
+def test_measure_expression_is_the_genome_formula():
+    # The generated expression and Genome.formula() come from the same table substitution.
+    src = epilogue_template.generate("M1")
+    assert f"measure = {Genome.parse('M1').formula()}" in src
+    assert "b ** F(3.0) - c" in epilogue_template.measure_expression("M1")
 
 
 # ---------------------------------------------------------------------------------------------
