@@ -54,6 +54,7 @@ def _parser() -> OneLineParser:
     p.add_argument("--dataset", default="fashion-mnist", type=dataset_arg, metavar="{" + ",".join(DATASETS) + "}",
                    help="data set (default fashion-mnist)")
     p.add_argument("--data-dir", help="folder holding the data files (default: $BNN_DATA_DIR or ./data)")
+    p.add_argument("--download", action="store_true", help="download the data set if it is missing, as bnn.train")
     p.add_argument("--model", choices=MODELS, help="model (default: the data set's, as bnn.train: mnist_net for fashion-mnist)")
     p.add_argument("--downsample", choices=DOWNSAMPLE_KINDS, default="binary", help="downsampling shortcut (default binary)")
     p.add_argument("--steps", type=positive_int,
@@ -94,7 +95,7 @@ def _configs(args) -> tuple[list[TrainConfig], int]:
         settings["measure_grad_clip"] = args.measure_grad_clip
     configs = [TrainConfig.from_mapping({**settings, "model": args.model or DEFAULT_MODEL[dataset], "dataset": dataset,
                                          "measure": m, "counts": c, "downsample": args.downsample, "seed": args.seed,
-                                         "device": args.device, "data_dir": args.data_dir, "val_size": args.val_size,
+                                         "device": args.device, "data_dir": args.data_dir, "val_size": args.val_size, "download": args.download,
                                          "step": "eager"})
                for m in measures for c in conventions]
     return configs, args.steps or (epochs * _images_steps(configs[0]) if epochs else DEFAULT_STEPS)
