@@ -15,9 +15,12 @@ and ``-grad * x / (y * y)``, ``atan``: ``grad / (x*x + 1)``, ``maximum`` splits 
 not bit-identical to eager torch: the transcendental functions are glibc's scalar ones (as
 ``refimpl.measure``'s), not torch's SLEEF vectors, and alpha's per-channel sums add in another
 order (tests/test_measure_fused.py checks forward and gradients against eager torch and autograd).
-Opt-in (``use_fused_measure``), as it is not faster for every measure: scalar glibc calls cost
-more per element than torch's vectorized ones, so a measure with several transcendental calls
-(M5's erf and exp) runs slower fused, one of powers and divisions faster (docs/performance.md).
+Raw counts (the default convention) are integers in ``[0, n]``, so, as in the engine
+(refimpl/codegen/measure_tables.py), the subtrees that read one count and no alpha (``a**3``,
+``erf(c)``, ``exp(-d**2)``) and their derivatives come from tables built once per window size:
+glibc's scalar calls per element were slower than torch's vectorized ones (M5 fused untabled:
+1.56x the baseline's step against 1.19x eager; docs/performance.md). Opt-in
+(``use_fused_measure``): the default path stays eager torch, whose values these are not to the bit.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import numba
 import torch
 
 from refimpl.codegen.epilogue_template import sources_stamp
+from refimpl.codegen.measure_tables import split
 from refimpl.engine.epilogue import _make_module
 from refimpl.genome import Genome
 
@@ -46,15 +50,15 @@ _TWO_OVER_SQRT_PI = repr(2.0 / math.sqrt(math.pi))
 class _Program:
     """The measure as straight-line code: one statement per node, and its reverse pass."""
 
-    def __init__(self, genome: Genome):
-        tree = ast.parse(ast.unparse(genome.expression(list(_ALPHAS))), mode="eval").body
+    def __init__(self, tree: ast.expr, prefix: str = "v"):
+        self.prefix = prefix
         self.lines: list[str] = []  # forward statements
         self.deps: dict[str, set] = {}  # value name -> the variables it depends on
         self.nodes: list[tuple] = []  # (value, kind, operands) in evaluation order
         self.root = self._emit(tree)
 
     def _value(self, kind, operands, text) -> str:
-        name = f"v{len(self.nodes)}"
+        name = f"{self.prefix}{len(self.nodes)}"
         self.lines.append(f"{name} = {text}")
         self.nodes.append((name, kind, operands))
         self.deps[name] = set().union(*(self.deps.get(x, set()) for x in operands if isinstance(x, str)))
@@ -139,15 +143,43 @@ _CALL_GRADIENT = {
 }
 
 
-def generate(genome) -> str:
-    """The Numba module of ``genome``'s fused forward and backward."""
+def _table_builder(found) -> list[str]:
+    # build(out, dout): each one-count subtree k and its derivative at every count x (raw counts).
+    lines = ["", "", "@jit", "def build(out, dout):", "    for x in range(out.shape[1]):", "        X = F(x)"]
+    for k, (count, node) in enumerate(found):
+        sub = _Program(node, prefix=f"t{k}_")
+        reverse, _ = sub.reverse()
+        lines += [f"        {count} = X", *[f"        {line}" for line in sub.lines],
+                  f"        out[{k}, x] = {sub.root}", f"        G_{sub.root} = F(1.0)",
+                  *[f"        {line}" for line in reverse], f"        dout[{k}, x] = G_{count}"]
+    return lines + (["        pass"] if not found else [])
+
+
+def generate(genome, tabled: bool = False) -> str:
+    """The Numba module of ``genome``'s fused forward and backward; ``tabled``: for raw (integer)
+    counts, the one-count subtrees (``a**3``, ``erf(c)``...) and their derivatives looked up in
+    tables that ``build`` fills once per window size (refimpl/codegen/measure_tables.py)."""
     g = Genome.parse(genome)
-    prog = _Program(g)
+    tree = ast.parse(ast.unparse(g.expression(list(_ALPHAS))), mode="eval").body
+    found = split(tree)[1] if tabled else []
+    if tabled:
+        tree = split(tree)[0]
+    prog = _Program(tree)
     reverse, used = prog.reverse()
+    looked = [k for k in range(len(found)) if f"T{k}" in used]
+    counts_used = {v for v in _COUNTS if v in used} | {found[k][0] for k in looked}
     load = [f"{v} = c{v}[i, o, s]" for v in _COUNTS] + [f"{al} = alpha[{k}, o]" for k, al in enumerate(_ALPHAS)]
-    root = prog.root if prog.root.startswith("v") else f"F(0.0) + {prog.root}"
+    # 31-bit unsigned indices: 16-lane dword gathers (refimpl/codegen/epilogue_template.py's reason)
+    load += [line for k in looked for line in (f"I{k} = np.uint32({found[k][0]}) & INDEX_MASK", f"T{k} = tab[{k}, I{k}]")]
+    chain, have = [], {v for v in _COUNTS if v in used}
+    for k in looked:
+        count = found[k][0]
+        term = f"G_T{k} * dtab[{k}, I{k}]"
+        chain.append(f"G_{count} = G_{count} + {term}" if count in have else f"G_{count} = {term}")
+        have.add(count)
+    root = prog.root if prog.root in {n for n, _, _ in prog.nodes} else f"F(0.0) + {prog.root}"
     head = [
-        f'"""GENERATED by bnn/measure_fused.py for genome {g}: do not edit.',
+        f'"""GENERATED by bnn/measure_fused.py for genome {g}{", tabled" if tabled else ""}: do not edit.',
         "",
         f"measure = {g.formula()}",
         '"""',
@@ -161,11 +193,14 @@ def generate(genome) -> str:
         f"# refimpl sources {sources_stamp()}",
         "",
         "F = np.float32",
-        f"USED = {tuple(sorted(used))!r}  # the counts and alphas the measure reads",
+        f"USED = {tuple(sorted(counts_used | (used & set(_ALPHAS))))!r}  # the counts and alphas the measure reads",
+        f"N_TABLES = {len(found)}",
+        "INDEX_MASK = np.uint32(0x7FFFFFFF)",
+        *_table_builder(found),
         "",
         "",
         "@jit(parallel=True, loop_vectorize=True, noalias=True)",
-        "def forward(ca, cb, cc, cd, alpha, out):",
+        "def forward(ca, cb, cc, cd, alpha, tab, out):",
         "    n_img, channels, size = ca.shape",
         "    for r in prange(n_img * channels):",
         "        i = r // channels",
@@ -174,13 +209,13 @@ def generate(genome) -> str:
         *[f"            {line}" for line in load + prog.lines],
         f"            out[i, o, s] = {root}",
     ]
-    grads = [f"            g{v}[i, o, s] = G_{v}" for v in _COUNTS if v in used]
+    grads = [f"            g{v}[i, o, s] = G_{v}" for v in _COUNTS if v in counts_used]
     sums = [f"            acc{k} += G_{al}" for k, al in enumerate(_ALPHAS) if al in used]
     body = [
         "",
         "",
         "@jit(parallel=True, loop_vectorize=True, noalias=True)",
-        "def backward(grad, ca, cb, cc, cd, alpha, ga, gb, gc, gd, galpha):",
+        "def backward(grad, ca, cb, cc, cd, alpha, tab, dtab, ga, gb, gc, gd, galpha):",
         "    # galpha (N*C, 4): each row's sum of the alpha gradients, added up per channel by the caller.",
         "    n_img, channels, size = ca.shape",
         "    for r in prange(n_img * channels):",
@@ -190,7 +225,7 @@ def generate(genome) -> str:
         "        for s in range(size):",
         *[f"            {line}" for line in load + prog.lines],
         f"            G_{prog.root} = grad[i, o, s]",
-        *[f"            {line}" for line in reverse],
+        *[f"            {line}" for line in reverse + chain],
         *grads,
         *sums,
         *[f"        galpha[r, {k}] = acc{k}" for k in range(4)],
@@ -198,32 +233,45 @@ def generate(genome) -> str:
     return "\n".join(head + body) + "\n"
 
 
-_MODULES: dict[str, types.ModuleType] = {}
+_MODULES: dict[tuple, types.ModuleType] = {}
+_TABLES: dict[tuple, tuple] = {}
 
 
-def module(genome):
+def module(genome, tabled: bool = False):
     """The compiled module of ``genome`` (generated into the engine's epilogue cache folder)."""
     g = Genome.parse(genome)
-    key = str(g)
+    key = (str(g), tabled)
     if key not in _MODULES:
         import hashlib
 
-        text = generate(g)
+        text = generate(g, tabled)
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        _MODULES[key] = _make_module(f"bnn_measure_fused_{key.replace('-', '_')}_{digest}", text)
+        kind = "_tabled" if tabled else ""
+        _MODULES[key] = _make_module(f"bnn_measure_fused_{key[0].replace('-', '_')}{kind}_{digest}", text)
     return _MODULES[key]
+
+
+def tables(mod, n_max: int) -> tuple:
+    """(values, derivatives) (K, n_max + 1) float32 of ``mod``'s one-count subtrees at the counts
+    0 .. n_max, built once per module and window size."""
+    key = (mod.__name__, n_max)
+    if key not in _TABLES:
+        out, dout = (torch.empty((max(1, mod.N_TABLES), n_max + 1), dtype=torch.float32) for _ in range(2))
+        mod.build(out.numpy(), dout.numpy())
+        _TABLES[key] = (out, dout)
+    return _TABLES[key]
 
 
 class _FusedMeasure(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, mod, a, b, c, d, alpha):
+    def forward(ctx, mod, tabs, a, b, c, d, alpha):
         n, ch = a.shape[0], a.shape[1]
         views = [t.detach().contiguous().view(n, ch, -1) for t in (a, b, c, d)]
         al = alpha.detach().contiguous()
         out = torch.empty_like(views[0])
         _threads()
-        mod.forward(*(v.numpy() for v in views), al.numpy(), out.numpy())
-        ctx.mod, ctx.shape = mod, a.shape
+        mod.forward(*(v.numpy() for v in views), al.numpy(), tabs[0].numpy(), out.numpy())
+        ctx.mod, ctx.tabs, ctx.shape = mod, tabs, a.shape
         ctx.save_for_backward(*views, al)
         return out.view(a.shape)
 
@@ -237,10 +285,19 @@ class _FusedMeasure(torch.autograd.Function):
         outs = [torch.empty_like(views[0]) if v in mod.USED else _NONE for v in _COUNTS]
         galpha = torch.empty((n * ch, 4), dtype=torch.float32)
         _threads()
-        mod.backward(g.numpy(), *(v.numpy() for v in views), al.numpy(), *(o.numpy() for o in outs), galpha.numpy())
+        mod.backward(g.numpy(), *(v.numpy() for v in views), al.numpy(), ctx.tabs[0].numpy(), ctx.tabs[1].numpy(),
+                     *(o.numpy() for o in outs), galpha.numpy())
         counts = [o.view(ctx.shape) if v in mod.USED else None for o, v in zip(outs, _COUNTS)]
         alpha_grad = galpha.view(n, ch, 4).sum(0).t().contiguous() if set(_ALPHAS) & set(mod.USED) else None
-        return (None, *counts, alpha_grad)
+        return (None, None, *counts, alpha_grad)
+
+
+def apply(genome, a, b, c, d, alpha, n_max: int | None = None):
+    """The fused measure of counts a..d (float32 CPU, (N, C, ...)); ``n_max``: the largest window
+    size, given only for raw counts (integers in [0, n_max]), which then take the tabled kernels."""
+    mod = module(genome, tabled=n_max is not None)
+    tabs = tables(mod, n_max if n_max is not None else 0)
+    return _FusedMeasure.apply(mod, tabs, a, b, c, d, alpha)
 
 
 _NONE = torch.empty((1, 1, 1), dtype=torch.float32)
@@ -261,7 +318,9 @@ def fused_applies(a, alpha) -> bool:
 def _fused_measure(self, a, b, c, d):
     # Replaces _BinaryMeasureLayer._measure on one instance (the counts arrive converted).
     if fused_applies(a, self.alpha):
-        return _FusedMeasure.apply(module(self.genome), a, b, c, d, self.alpha)
+        # raw counts are integers in [0, n] with n at most a window's size (C*KH*KW, or the inputs)
+        n_max = self.weight[0].numel() if self.counts == "raw" else None
+        return apply(self.genome, a, b, c, d, self.alpha, n_max)
     return type(self)._measure(self, a, b, c, d)
 
 

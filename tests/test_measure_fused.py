@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from bnn import measure_fused
 from bnn.measure import measure as eager_measure
-from bnn.measure_fused import _FusedMeasure, module, use_fused_measure
+from bnn.measure_fused import apply, use_fused_measure
 from refimpl.conventions import NAMES as CONVENTIONS
 from refimpl.conventions import convert
 from tests.test_measure_tables import _counts, _latin_genomes
@@ -22,12 +23,14 @@ def test_fused_forward_is_the_eager_measure(genome, counts):
     n = (a + b + c + d).float()
     alpha = torch.from_numpy(np.random.default_rng(5).uniform(-2, 2, (4, 3)).astype(np.float32))
     converted = [convert(counts, v.float(), n).contiguous() for v in (a, b, c, d)]
-    got = _FusedMeasure.apply(module(genome), *converted, alpha).numpy()
     expected = eager_measure(genome, *converted, alpha).numpy()
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
-    np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
-    finite = np.isfinite(expected)
-    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-5, atol=1e-6 * np.abs(expected[finite]).max())
+    # raw counts are integers: the tabled kernels too, with every table entry up to n = 300 used
+    for n_max in (None, int(n.max())) if counts == "raw" else (None,):
+        got = apply(genome, *converted, alpha, n_max=n_max).numpy()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+        finite = np.isfinite(expected)
+        np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-5, atol=1e-6 * np.abs(expected[finite]).max())
 
 
 def _grads(fn, genome, counts, alpha, upstream):
@@ -38,18 +41,23 @@ def _grads(fn, genome, counts, alpha, upstream):
 
 
 def _fused(genome, a, b, c, d, alpha):
-    return _FusedMeasure.apply(module(genome), a, b, c, d, alpha)
+    return apply(genome, a, b, c, d, alpha)
+
+
+def _fused_tabled(genome, a, b, c, d, alpha):
+    return apply(genome, a, b, c, d, alpha, n_max=3)
 
 
 @pytest.mark.parametrize("genome", _latin_genomes() + ["M5", "M9", "3-0-0-0-8-9-0"])
 def test_fused_gradients_are_autograds(genome):
     # Positive non-integer counts (no log(0), no 0/0) and integer ones (ties of max and min).
     gen = torch.Generator().manual_seed(11)
-    for counts in ([0.5 + 2.5 * torch.rand(2, 3, 40, generator=gen) for _ in range(4)],
-                   [torch.randint(1, 4, (2, 3, 40), generator=gen).float() for _ in range(4)]):
+    floats = [0.5 + 2.5 * torch.rand(2, 3, 40, generator=gen) for _ in range(4)]
+    integers = [torch.randint(1, 4, (2, 3, 40), generator=gen).float() for _ in range(4)]
+    for counts, fn in ((floats, _fused), (integers, _fused), (integers, _fused_tabled)):
         alpha = 0.5 + torch.rand(4, 3, generator=gen)
         upstream = torch.randn(2, 3, 40, generator=gen)
-        ours = _grads(_fused, genome, counts, alpha, upstream)
+        ours = _grads(fn, genome, counts, alpha, upstream)
         # The reference: autograd in float64 on the same float32 values, to float32's precision.
         ref = _grads(eager_measure, genome, [t.double() for t in counts], alpha.double(), upstream.double())
         for name, g, r in zip(("a", "b", "c", "d", "alpha"), ours, ref):
@@ -75,6 +83,7 @@ def test_a_model_trains_with_the_same_gradients_fused():
             use_fused_measure(model)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         grads.append([p.grad for p in model.parameters()] if loss.backward() is None else None)
+    assert ("3-0-3-0-0-10-6", True) in measure_fused._MODULES  # raw counts took the tabled kernels
     for eager, ours in zip(*grads):
         if eager is None:  # alpha of a genome without alpha slots
             assert ours is None
