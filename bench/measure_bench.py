@@ -153,11 +153,11 @@ def run_measures(args) -> int:
     rng = np.random.default_rng(0)
     xb = rng.standard_normal((args.batch, *shape)).astype(np.float32)
     x1 = xb[:1].copy()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:  # open until the batch-64 kernels have compiled into it
         if args.cold:
             os.environ["BNN_MEASURE_CACHE"] = os.path.join(tmp, "cache")  # every genome never seen
         engines, first = build_engines(names, args.model, args.downsample, tmp)
-    (thr, thr_cpu), (lat, lat_cpu) = _rounds(engines, torch_run, xb, x1, args.rounds)
+        (thr, thr_cpu), (lat, lat_cpu) = _rounds(engines, torch_run, xb, x1, args.rounds)
     base = engines["baseline"]
     gemm = {n: sum(r[2] for r in gemm_report(base, x, 3)) for n, x in ((args.batch, xb), (1, x1))}
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
