@@ -1,18 +1,17 @@
 """Searched measures in the engine: ``bench_infer.py --measure GENOME`` / ``--measures paper``.
 
 One binary ResNet-18 (CIFAR shape; ``--model mnist_net``: the 1x28x28 network) per genome, built
-with the same seed (so the same weights;
-BatchNorm statistics from one random batch through that genome's own measure, non-finite ones
-replaced by 0 and 1), exported and
-loaded by ``refimpl.engine``; the float32 network in torch beside them. Batch-1 rounds (each
-engine five times, then torch), then batch rounds (each once), so load from other processes hits
-all alike; medians over the rounds.
+with the same seed (so the same weights; BatchNorm statistics from one random batch through that
+genome's own measure, non-finite ones replaced by 0 and 1), exported and loaded by
+``refimpl.engine``; the float32 network in torch beside them. Batch-1 rounds (each engine five
+times, then torch), then batch rounds (each once), so load from other processes hits all alike;
+medians over the rounds, wall and process CPU time.
 
 Columns: images/s at the batch, ms at batch 1, time relative to the engine's baseline (batch /
 batch 1), how many times faster than torch float32 at the batch, and the epilogue's share of the
-network time, estimated as (binary units' time - their popcount GEMMs alone) / network time at
-the batch (the GEMMs do not depend on the measure: timed once, on the baseline; a fused unit's
-GEMM is not separable, so this is an estimate: docs/performance.md). ``first run s``: from
+network time, with every unit run in two passes so that its epilogue is separable: (binary units'
+time - their popcount GEMMs timed alone, right after) / network time (the fused path, timed in
+the rounds, runs GEMM and epilogue per tile, where they do not separate). ``first run s``: from
 ``engine.load`` to the first batch-1 output, compile included; with ``--cold`` every genome is
 compiled into a fresh, empty epilogue cache, as a never-seen genome is.
 """
@@ -91,13 +90,24 @@ def build_engines(names, arch: str, downsample: str, tmp: str) -> tuple[dict, di
     return engines, first
 
 
-def _epilogue_share(eng, x, gemm_seconds: float, runs: int = 3) -> float:
-    """(binary units' time - their GEMMs alone) / network time, medians of ``runs`` timed runs."""
-    per = {}
-    for _ in range(runs):
-        eng.run(x, timings=True)
-        for label, t in eng.last_timings:
-            per.setdefault(label, []).append(t)
+def _epilogue_share(eng, x, runs: int = 3) -> float:
+    """The epilogue's share of the network time, with every unit in two passes (GEMM, then the
+    epilogue over the counts it left in memory): (binary units' time - their GEMMs timed alone) /
+    network time; medians of ``runs`` runs, the GEMMs timed right after."""
+    from bench_infer import gemm_report
+
+    from refimpl.engine import plan as plan_module
+
+    saved, plan_module.FUSED_MIN_TILES_PER_THREAD = plan_module.FUSED_MIN_TILES_PER_THREAD, 1 << 62
+    try:
+        per = {}
+        for _ in range(runs):
+            eng.run(x, timings=True)
+            for label, t in eng.last_timings:
+                per.setdefault(label, []).append(t)
+    finally:
+        plan_module.FUSED_MIN_TILES_PER_THREAD = saved
+    gemm_seconds = sum(r[2] for r in gemm_report(eng, x, 3))
     times = {k: float(np.median(v)) for k, v in per.items()}
     units = sum(t for label, t in times.items() if label not in ("stem", "global_avgpool", "classifier"))
     return max(0.0, units - gemm_seconds) / sum(times.values())
@@ -130,7 +140,7 @@ def run_measures(args) -> int:
     """Build, time and print the measure table; 0."""
     import torch
     from bench_counts import cpu_name
-    from bench_infer import build_models, gemm_report
+    from bench_infer import build_models
 
     from bnn.models import build_model
     from refimpl import Genome, info
@@ -158,8 +168,6 @@ def run_measures(args) -> int:
             os.environ["BNN_MEASURE_CACHE"] = os.path.join(tmp, "cache")  # every genome never seen
         engines, first = build_engines(names, args.model, args.downsample, tmp)
         (thr, thr_cpu), (lat, lat_cpu) = _rounds(engines, torch_run, xb, x1, args.rounds)
-    base = engines["baseline"]
-    gemm = {n: sum(r[2] for r in gemm_report(base, x, 3)) for n, x in ((args.batch, xb), (1, x1))}
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"machine: {cpu_name()}, {os.cpu_count()} logical CPUs, {platform.python_implementation()} "
           f"{platform.python_version()}, numba {numba.__version__}, torch {torch.__version__}")
@@ -172,8 +180,8 @@ def run_measures(args) -> int:
             f"{'epilogue share b' + str(args.batch) + '/b1':>22s} {'first run s':>11s} {'CPU time vs baseline':>21s}")
     print(head)
     for name, eng in engines.items():
-        share_b = _epilogue_share(eng, xb, gemm[args.batch])
-        share_1 = _epilogue_share(eng, x1, gemm[1], runs=9)
+        share_b = _epilogue_share(eng, xb)
+        share_1 = _epilogue_share(eng, x1, runs=9)
         rel = f"{thr[name] / thr['baseline']:.2f} / {lat[name] / lat['baseline']:.2f}"
         print(f"{name:10s} {str(Genome.parse(name)):15s} {args.batch / thr[name]:10.0f} {lat[name] * 1e3:7.2f} "
               f"{rel:>20s} {thr['torch'] / thr[name]:11.2f}x {f'{share_b:.0%} / {share_1:.0%}':>22s} "
