@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_measure_tables import _counts, _latin_genomes
 
 from bnn import measure_fused
 from bnn.measure import measure as eager_measure
 from bnn.measure_fused import apply, use_fused_measure
 from refimpl.conventions import NAMES as CONVENTIONS
 from refimpl.conventions import convert
-from tests.test_measure_tables import _counts, _latin_genomes
 
 
 @pytest.mark.parametrize("counts", CONVENTIONS)
