@@ -109,7 +109,7 @@ def main() -> int:
     """Time every variant on each device asked for, print the table (and on CUDA the fitness-run estimate); 0."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="auto", help="cpu, cuda, or auto (CPU, plus CUDA when available)")
-    p.add_argument("--batch", type=int, default=PRESETS["fitness"]["batch_size"])
+    p.add_argument("--batch", type=int, help="images per step (default: the fitness preset's; 128 with --measures)")
     p.add_argument("--steps", type=int, help="timed steps per variant (default: 2 on CPU, 30 on CUDA)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default: 1 on CPU, 10 on CUDA)")
     p.add_argument("--compile", action="store_true", help="torch.compile each model (CUDA)")
@@ -122,8 +122,8 @@ def main() -> int:
         sys.path.insert(0, os.path.dirname(__file__))
         from train_measure_bench import run_measures
 
-        return run_measures(argparse.Namespace(**{**vars(args), "batch": args.batch if args.batch != PRESETS[
-            "fitness"]["batch_size"] else 128}), machine())
+        return run_measures(argparse.Namespace(**{**vars(args), "batch": args.batch or 128}), machine())
+    args.batch = args.batch or PRESETS["fitness"]["batch_size"]
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else []) if args.device == "auto" else [args.device]
     print(machine())
     print(f"resnet18 (CIFAR, 3x32x32), batch {args.batch}, Adam; one step = augment + forward + backward + update")
