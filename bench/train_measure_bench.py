@@ -19,26 +19,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+# The genomes a run compares, as the engine's bench reads them (--measure, --measures paper).
+from measure_bench import genomes  # bench/ is on the path (bench_train.py)
+
 from bnn.models import build_model
 from bnn.train import ADAM_BETAS
-
-PAPER = ("baseline",) + tuple(f"M{i}" for i in range(1, 11))
-
-
-def genomes(args) -> list[str]:
-    """The genomes asked for, baseline first, each once."""
-    from refimpl import Genome
-
-    asked = list(args.measure)
-    if args.measures:
-        asked += list(PAPER) if args.measures == "paper" else [m.strip() for m in args.measures.split(",") if m.strip()]
-    out, seen = [], set()
-    for name in ["baseline"] + asked:
-        key = str(Genome.parse(name))
-        if key not in seen:
-            seen.add(key)
-            out.append(name)
-    return out
 
 
 def _recording(model):
