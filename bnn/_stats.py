@@ -103,3 +103,35 @@ def verdict(lo: float | None, hi: float | None) -> str:
     if hi is not None and hi < 0:
         return "worse"
     return "within noise"
+
+
+def _average_ranks(xs) -> list[float]:
+    """Ranks 1..n, ties sharing the mean of the ranks they span."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return ranks
+
+
+def spearman(xs, ys) -> float | None:
+    """Spearman's rank correlation (Pearson's r of the average ranks); None below two pairs or for
+    a constant side, where it is undefined."""
+    if len(xs) != len(ys):
+        raise ValueError(f"spearman needs pairs: {len(xs)} x values, {len(ys)} y values")
+    if len(xs) < 2:
+        return None
+    rx, ry = _average_ranks(list(xs)), _average_ranks(list(ys))
+    mx, my = mean(rx), mean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    if sxx == 0 or syy == 0:
+        return None
+    return sxy / math.sqrt(sxx * syy)

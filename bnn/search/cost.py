@@ -1,0 +1,258 @@
+"""Where a search's time went, and whether its short-budget fitness ranks measures as a longer recipe does.
+
+    python -m bnn.search.cost RUN_DIR                               # the cost of the search in RUN_DIR
+    python -m bnn.search.cost RUN_DIR --full ROOT                   # + rank correlation with an evidence grid
+    python -m bnn.search.cost RUN_DIR --full ROOT --screen ROOT2 --score
+
+The cost comes from the journal alone: how many evaluations were trained, answered by the cache,
+by a functionally equal measure, by screening, rejected early or diverged, and the seconds a
+training took (a worker's wall time, ``wall_s`` in each result).
+
+The rank correlation pairs every measure of an evidence grid (``bnn.evidence``; ``--full``: its
+``results.json``, per measure and count convention) with its fitness under the search's own
+training settings (the convention overridden by the grid cell's): taken from the journal where the
+search trained it, else from ``RUN_DIR/fitness-extra.jsonl``; ``--score`` trains the missing ones
+there, one journaled line each, so an interrupted scoring continues. ``--screen`` pairs a second
+grid (a shorter protocol) with the ``--full`` one. Spearman's rho with average ranks for ties.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from refimpl.fileio import OutputError, open_regular, read_regular
+
+from .._stats import mean, spearman
+from ..runlock import RunDirInUse, hold_run_dir
+from .journal import JOURNAL, JournalError, read
+from .loop import SearchConfig
+
+EXTRA = "fitness-extra.jsonl"
+_TRAINED = "train"
+
+
+class CostError(ValueError):
+    """A refused input: one ``error:`` line, exit status 2."""
+
+
+def _median(xs: list[float]) -> float | None:
+    s = sorted(xs)
+    if not s:
+        return None
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+
+def _segments_wall(events: list[dict]) -> float:
+    """Wall seconds the search ran: per start/resume segment, its first to its last timed event."""
+    total, first, last = 0.0, None, None
+    for e in events:
+        t = e.get("time")
+        if e.get("type") in ("start", "resume"):
+            if first is not None and last is not None:
+                total += last - first
+            first, last = t, t
+        elif isinstance(t, (int, float)) and math.isfinite(t):
+            last = t
+    if first is not None and last is not None:
+        total += last - first
+    return total
+
+
+def cost(events: list[dict]) -> dict:
+    """Counts of each way an evaluation was answered, and the trainings' seconds by outcome."""
+    results = [e for e in events if e.get("type") == "result"]
+    by_source: dict[str, int] = {}
+    for r in results:
+        by_source[str(r.get("source"))] = by_source.get(str(r.get("source")), 0) + 1
+    trained = [r for r in results if r.get("source") == _TRAINED]
+    outcomes: dict[str, dict] = {}
+    for status in sorted({str(r.get("status")) for r in trained}):
+        secs = [float(r["wall_s"]) for r in trained if str(r.get("status")) == status
+                and isinstance(r.get("wall_s"), (int, float))]
+        outcomes[status] = {"n": len(secs), "median_s": _median(secs), "mean_s": mean(secs), "total_s": sum(secs)}
+    train_s = sum(o["total_s"] for o in outcomes.values())
+    wall = _segments_wall(events)
+    return {"evaluations": len(results), "trainings": len(trained), "by_source": by_source,
+            "trained_by_status": outcomes, "training_s": train_s, "wall_s": wall,
+            "evaluations_per_hour": 3600.0 * len(results) / wall if wall > 0 else None}
+
+
+def _key(genome: str, counts: str) -> str:
+    return f"{genome}/{counts}"
+
+
+def journal_fitness(events: list[dict], counts: str) -> dict[str, float]:
+    """Fitness per genome/convention of every training the search ran itself."""
+    out = {}
+    for r in events:
+        if r.get("type") == "result" and r.get("source") == _TRAINED and isinstance(r.get("fitness"), (int, float)):
+            out[_key(r["genome"], counts)] = float(r["fitness"])
+    return out
+
+
+def read_extra(run_dir: Path) -> dict[str, dict]:
+    """The extra fitness trainings journaled by ``--score``; a torn last line is ignored."""
+    path = run_dir / EXTRA
+    if not path.exists():
+        return {}
+    out = {}
+    lines = read_regular(path).split(b"\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            if i == len(lines) - 1:
+                break  # a torn last write
+            raise CostError(f"{path}: line {i + 1} is not JSON; move the file away to score again") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("key"), str):
+            raise CostError(f"{path}: line {i + 1} is not a fitness record; move the file away to score again")
+        out[rec["key"]] = rec
+    return out
+
+
+def _append(run_dir: Path, rec: dict) -> None:
+    fd = open_regular(run_dir / EXTRA, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (json.dumps(rec, sort_keys=True) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def grid_rows(root: str) -> list[dict]:
+    """The rows of an evidence grid's results.json that trained at least once."""
+    path = Path(root) / "results.json"
+    try:
+        data = json.loads(read_regular(path))
+    except FileNotFoundError:
+        raise CostError(f"{path}: no such file; run `python -m bnn.evidence --root {root}` (or --table-only) first") from None
+    except ValueError:
+        raise CostError(f"{path}: not JSON; rewrite it with `python -m bnn.evidence --root {root} --table-only`") from None
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise CostError(f"{path}: no rows; not an evidence grid's results.json")
+    return [r for r in rows if isinstance(r, dict) and r.get("n_ok") and isinstance(r.get("test_mean"), float)]
+
+
+def _label(row: dict) -> str:
+    return f"{row.get('measure')} {row.get('counts', 'raw')}"
+
+
+def rank_table(full: list[dict], short: dict[str, float]) -> tuple[list[dict], float | None]:
+    """Rows with both a full-recipe mean and a short-budget score, and Spearman's rho over them."""
+    pairs = []
+    for r in full:
+        k = _key(r["genome"], r.get("counts", "raw"))
+        if k in short:
+            pairs.append({"cell": _label(r), "genome": r["genome"], "counts": r.get("counts", "raw"),
+                          "short": short[k], "full": r["test_mean"], "full_n": r["n_ok"]})
+    rho = spearman([p["short"] for p in pairs], [p["full"] for p in pairs]) if len(pairs) >= 3 else None
+    return pairs, rho
+
+
+def score_missing(run_dir: Path, config: dict, rows: list[dict], known: dict[str, float], log) -> None:
+    """Train, under the search's settings, every grid measure that has no fitness yet."""
+    from .fitness import Worker, fitness_of
+
+    cfg = SearchConfig.from_mapping(config)
+    todo = [r for r in rows if _key(r["genome"], r.get("counts", "raw")) not in known]
+    workers: dict[str, Worker] = {}
+    for i, r in enumerate(todo, 1):
+        counts = r.get("counts", "raw")
+        train = dict(cfg.train_dict(), counts=counts)
+        worker = workers.setdefault(counts, Worker(cfg.fitness, train))
+        log(f"[{i}/{len(todo)}] scoring {_label(r)} ({r['genome']}) under the search's training settings")
+        res = worker.run({"genome": r["genome"], "reject_below": None})
+        fit = fitness_of(res)
+        rec = {"key": _key(r["genome"], counts), "genome": r["genome"], "counts": counts,
+               "fitness": fit if math.isfinite(fit) else None, "status": res.get("status"),
+               "val_acc_per_epoch": res.get("val_acc_per_epoch"), "wall_s": res.get("wall_s")}
+        _append(run_dir, rec)
+        if rec["fitness"] is not None:
+            known[rec["key"]] = rec["fitness"]
+
+
+def _s(v, digits=1) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def markdown(c: dict, ranks: list[tuple[str, list[dict], float | None]]) -> str:
+    """The cost tables and one table per rank correlation, as markdown."""
+    lines = [f"{c['evaluations']} evaluations, {c['trainings']} trained; "
+             f"{_s(c['wall_s'] / 60)} min of search wall time, {_s(c['training_s'] / 60)} min of worker time "
+             f"({_s(c['evaluations_per_hour'])} evaluations an hour)", "",
+             "| answered by | evaluations |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in sorted(c["by_source"].items(), key=lambda kv: -kv[1])]
+    lines += ["", "| trained, outcome | n | median s | mean s | total min |", "|---|---|---|---|---|"]
+    lines += [f"| {k} | {o['n']} | {_s(o['median_s'])} | {_s(o['mean_s'])} | {_s(o['total_s'] / 60)} |"
+              for k, o in c["trained_by_status"].items()]
+    for title, pairs, rho in ranks:
+        lines += ["", f"{title}: Spearman rho = {_s(rho, 2)} over {len(pairs)} cells", "",
+                  "| cell | genome | short | full test % | full runs |", "|---|---|---|---|---|"]
+        lines += [f"| {p['cell']} | {p['genome']} | {100 * p['short']:.2f} | {100 * p['full']:.2f} | {p['full_n']} |"
+                  for p in sorted(pairs, key=lambda p: -p["full"])]
+    return "\n".join(lines) + "\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bnn.search.cost", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a search's folder (its journal.jsonl)")
+    p.add_argument("--full", metavar="ROOT", help="an evidence grid (bnn.evidence --root) of the longer recipe")
+    p.add_argument("--screen", metavar="ROOT", help="an evidence grid of a shorter protocol, ranked against --full")
+    p.add_argument("--score", action="store_true",
+                   help="train the --full grid's measures the search never trained, under its settings "
+                        "(journaled in RUN_DIR/fitness-extra.jsonl)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
+    return p
+
+
+def main(argv=None) -> int:
+    """``python -m bnn.search.cost``: 0, or 2 with one ``error:`` line for a refused input."""
+    args = _parser().parse_args(argv)
+    run_dir = Path(args.run_dir)
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        if args.screen and not args.full:
+            raise CostError("--screen is ranked against a --full grid; give --full ROOT too")
+        if args.score and not args.full:
+            raise CostError("--score trains the --full grid's measures; give --full ROOT too")
+        try:
+            events, _ = read(run_dir / JOURNAL)
+        except FileNotFoundError:
+            raise CostError(f"{run_dir / JOURNAL}: no such file; RUN_DIR must be a search's folder") from None
+        config = events[0]["config"]
+        c = cost(events)
+        ranks = []
+        if args.full:
+            full = grid_rows(args.full)
+            known = journal_fitness(events, config.get("counts", "raw"))
+            known.update({k: r["fitness"] for k, r in read_extra(run_dir).items()
+                          if isinstance(r.get("fitness"), (int, float))})
+            if args.score:
+                with hold_run_dir(run_dir, create=False):  # not while the search itself writes there
+                    score_missing(run_dir, config, full, known, log)
+            pairs, rho = rank_table(full, known)
+            ranks.append(("search fitness vs full recipe", pairs, rho))
+            if args.screen:
+                short = {_key(r["genome"], r.get("counts", "raw")): r["test_mean"] for r in grid_rows(args.screen)}
+                pairs, rho = rank_table(full, short)
+                ranks.append(("screen vs full recipe", pairs, rho))
+    except (CostError, JournalError, RunDirInUse, OutputError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(markdown(c, ranks), end="")
+    if args.json:
+        print(json.dumps({"cost": c, "ranks": [{"title": t, "pairs": p, "rho": r} for t, p, r in ranks]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
