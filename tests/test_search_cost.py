@@ -113,3 +113,10 @@ def test_score_trains_what_the_search_did_not_and_ranks_it(tmp_path):
         warnings.simplefilter("ignore")
         want = scipy_stats.spearmanr([p["short"] for p in ps], [p["full"] for p in ps]).statistic
     assert (rho is None and math.isnan(want)) or rho == pytest.approx(want)
+
+
+def test_help_names_every_option():
+    rc, out, _ = cost_cli("--help")
+    assert rc == 0
+    for flag in ("--full", "--screen", "--score", "--json", "RUN_DIR"):
+        assert flag in out
