@@ -162,7 +162,9 @@ def _series(row: dict) -> str:
 
 
 def plot_png(rows: list[dict], title: str) -> bytes:
-    """Mean test accuracy per measure with std error bars, one series per downsampling kind and count convention."""
+    """Two panels, one series per downsampling kind and count convention: the mean test accuracy per
+    measure with std error bars, and its paired difference to XNOR with the 95% interval (the
+    verdict: an interval wholly above the zero line beats XNOR)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -170,7 +172,8 @@ def plot_png(rows: list[dict], title: str) -> bytes:
 
     measures = list(dict.fromkeys(r["measure"] for r in rows))
     kinds = list(dict.fromkeys(_series(r) for r in rows))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(measures) + 2), 4.0))
+    wide = max(6.0, 0.6 * len(measures) + 2)
+    fig, (ax, dx) = plt.subplots(2, 1, figsize=(wide, 7.5), sharex=True)
     width = 0.7 / max(1, len(kinds))
     for k, kind in enumerate(kinds):
         for r in (r for r in rows if _series(r) == kind):
@@ -181,14 +184,25 @@ def plot_png(rows: list[dict], title: str) -> bytes:
             if r["diverged"]:
                 ax.annotate(f"{r['diverged']} div.", (x, 0.02), xycoords=("data", "axes fraction"),
                             ha="center", fontsize=7, color=f"C{k}")
+            d = r.get("vs_baseline")
+            if d and d.get("lo") is not None:
+                m = 100 * d["mean"]
+                dx.errorbar(x, m, yerr=[[m - 100 * d["lo"]], [100 * d["hi"] - m]], fmt="o", capsize=3,
+                            color=f"C{k}")
+                dx.annotate(f"n={d['n']}", (x, 100 * d["hi"]), textcoords="offset points", xytext=(0, 3),
+                            ha="center", fontsize=6, color=f"C{k}")
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), list(unique), loc="best")
-    ax.set_xticks(range(len(measures)), measures)
-    ax.set_xlim(-0.6, len(measures) - 0.4)
+    ax.legend(unique.values(), list(unique), loc="best", fontsize=8)
     ax.set_ylabel("test accuracy, % (mean ± std over seeds)")
     ax.set_title(title, fontsize=9)
     ax.grid(axis="y", alpha=0.3)
+    dx.axhline(0.0, color="k", lw=0.8)
+    dx.set_ylabel("vs XNOR, points (paired, 95% CI)")
+    dx.grid(axis="y", alpha=0.3)
+    dx.set_xticks(range(len(measures)), measures, rotation=30 if max(map(len, measures)) > 8 else 0, ha="right"
+                  if max(map(len, measures)) > 8 else "center", fontsize=8)
+    dx.set_xlim(-0.6, len(measures) - 0.4)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
