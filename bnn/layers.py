@@ -79,9 +79,21 @@ def check_measure_grad_clip(limit):
     return limit
 
 
+MEASURE_IMPLS = ("fused", "eager")
+
+
+def check_measure_impl(impl) -> str:
+    """``impl`` if it names a measure implementation (MEASURE_IMPLS), else a one-line ValueError."""
+    if not isinstance(impl, str) or impl not in MEASURE_IMPLS:
+        raise ValueError(f"unknown measure_impl {impl!r}; choose one of {', '.join(MEASURE_IMPLS)}")
+    return impl
+
+
 class _BinaryMeasureLayer(nn.Module):
-    # A training option, not part of the model (the forward is unchanged): bnn.train --measure-grad-clip.
+    # Training options, not part of the model (the forward's values are unchanged, or the same up to
+    # float32 rounding): bnn.train --measure-grad-clip and --measure-impl.
     measure_grad_clip: float | None = None
+    measure_impl: str = "eager"  # "fused": bnn.measure_fused where it applies (float32 CPU, not compiling)
 
     def _init_measure(self, measure_spec, out_units: int, counts: str) -> None:
         self.genome = Genome.parse(measure_spec)
@@ -97,6 +109,16 @@ class _BinaryMeasureLayer(nn.Module):
     def _converted(self, counts, n):
         return clip_measure_grad(convert_counts(self.counts, *counts, n), self.measure_grad_clip)
 
+    def _measure_counts(self, counts, n):
+        # The measure of the counts as counted (n: the windows' sizes, None under raw counts).
+        if self.measure_impl == "fused" and not torch.compiler.is_compiling():
+            from .measure_fused import measure_counts  # imports this module
+
+            out = measure_counts(self, counts, n)
+            if out is not None:
+                return out
+        return self._measure(*self._converted(counts, n))
+
 
 def set_measure_grad_clip(model: nn.Module, limit: float | None) -> nn.Module:
     """Clip the gradients reaching every binary layer's measure inputs to [-limit, limit] (NaN -> 0) in
@@ -105,6 +127,17 @@ def set_measure_grad_clip(model: nn.Module, limit: float | None) -> nn.Module:
     for layer in model.modules():
         if isinstance(layer, _BinaryMeasureLayer):
             layer.measure_grad_clip = limit
+    return model
+
+
+def set_measure_impl(model: nn.Module, impl: str) -> nn.Module:
+    """How every binary layer evaluates its measure in training: ``"eager"`` (torch operators, one pass
+    each) or ``"fused"`` (bnn/measure_fused.py's Numba kernels where they apply: float32 CPU
+    counts outside torch.compile; eager elsewhere). Returns ``model``."""
+    check_measure_impl(impl)
+    for layer in model.modules():
+        if isinstance(layer, _BinaryMeasureLayer):
+            layer.measure_impl = impl
     return model
 
 
@@ -128,7 +161,7 @@ class BinaryConv2d(_BinaryMeasureLayer):
         geometry = (self.stride, self.padding, self.dilation)
         counts = counts_conv2d(ste_sign(x, 1.0), ste_sign(self.weight, None), *geometry)
         n = window_sizes(x, self.weight, *geometry) if self.counts != "raw" else None
-        return self._measure(*self._converted(counts, n))
+        return self._measure_counts(counts, n)
 
     def extra_repr(self):
         """The constructor's arguments and the measure's genome, for ``print(model)``."""
@@ -150,7 +183,7 @@ class BinaryLinear(_BinaryMeasureLayer):
     def forward(self, x):
         """Measure values (N, O) of the counts between sign(x) (N, I) and the signed weights."""
         counts = counts_dense(ste_sign(x, 1.0), ste_sign(self.weight, None))
-        return self._measure(*self._converted(counts, self.in_features))
+        return self._measure_counts(counts, self.in_features)
 
     def extra_repr(self):
         """The layer's sizes, the measure's genome and the count convention, for ``print(model)``."""

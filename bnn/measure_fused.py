@@ -1,26 +1,31 @@
-"""The measure's forward and backward as one Numba pass each, for float32 CPU training (issue 29 item 3).
+"""The measure's forward and backward as one Numba pass each: float32 CPU training's default (issue 29 item 3).
 
 Eager torch evaluates a measure as one pass over memory per operator, forward and backward: M5's
-``(b - erf(c)) / (a**3 + exp(-d**2))`` is a dozen full-size passes and temporaries per layer.
-``use_fused_measure(model)`` routes every binary layer's measure, when its counts are float32 CPU
-tensors and nothing is being compiled, through two generated Numba kernels per genome: the forward
-reads the four counts once and writes the measure; the backward recomputes the forward per
-element and runs reverse-mode differentiation over the same expression, writing the gradients of
-the counts (None for a count the measure ignores) and per-channel sums for alpha.
+``(b - erf(c)) / (a**3 + exp(-d**2))`` is a dozen full-size passes and temporaries per layer, and
+a count convention's conversion two more per count. With ``set_measure_impl(model, "fused")``
+(``bnn.train``'s ``--measure-impl fused``, the default of ``TrainConfig``) every binary layer whose
+counts are float32 CPU tensors, outside ``torch.compile``, runs two generated Numba kernels per
+genome and convention instead: the forward reads the four counts as counted once, converts them
+(``refimpl/conventions.py``: the formula's own operations, each exact or one IEEE division, so the
+converted counts are eager torch's to the bit) and writes the measure; the backward recomputes
+the forward per element and runs reverse-mode differentiation over the same expression, then
+``--measure-grad-clip`` (NaN to 0, clamp) and the conversion's backward, writing the gradients
+of the counts (None for a count the measure ignores) and per-channel sums for alpha.
 
 The reverse pass applies, node by node, the formulas torch's autograd uses for each operation
 (``tools/autograd/derivatives.yaml``: ``pow``: ``grad * (k * x**(k-1))``, ``div``: ``grad / y``
 and ``-grad * x / (y * y)``, ``atan``: ``grad / (x*x + 1)``, ``maximum`` splits a tie in halves,
 ...), in float32, and powers by 2 and 3 as torch computes them (``x*x``, ``x*x*x``). The values are
 not bit-identical to eager torch: the transcendental functions are glibc's scalar ones (as
-``refimpl.measure``'s), not torch's SLEEF vectors, and alpha's per-channel sums add in another
-order (tests/test_measure_fused.py checks forward and gradients against eager torch and autograd).
-Raw counts (the default convention) are integers in ``[0, n]``, so, as in the engine
-(refimpl/codegen/measure_tables.py), the subtrees that read one count and no alpha (``a**3``,
-``erf(c)``, ``exp(-d**2)``) and their derivatives come from tables built once per window size:
-glibc's scalar calls per element were slower than torch's vectorized ones (M5 fused untabled:
-1.56x the baseline's step against 1.19x eager; docs/performance.md). Opt-in
-(``use_fused_measure``): the default path stays eager torch, whose values these are not to the bit.
+``refimpl.measure``'s), not torch's SLEEF vectors, and sums add in another order
+(tests/test_measure_fused.py checks forward and gradients against eager torch and autograd).
+The counts are integers in ``[0, n]``, so, as in the engine (refimpl/codegen/measure_tables.py),
+the subtrees that read one count and no alpha (``a**3``, ``erf(c)``, ``exp(-d**2)``) and their
+derivatives by the converted count come from tables, built once per layer geometry with the
+very statements the untabled kernels run: one row per window size under freq and laplace (the
+converted count depends on ``n``, smaller at border pixels), one row under raw. glibc's scalar
+calls per element were slower than torch's vectorized ones (M5 fused untabled: 1.56x the
+baseline's step against 1.19x eager; docs/performance.md).
 """
 from __future__ import annotations
 
@@ -29,14 +34,19 @@ import math
 import types
 
 import numba
+import numpy as np
 import torch
 
 from refimpl.codegen.epilogue_template import sources_stamp
 from refimpl.codegen.measure_tables import split
+from refimpl.conventions import BY_NAME as CONVENTIONS
+from refimpl.conventions import DEFAULT as DEFAULT_COUNTS
+from refimpl.conventions import check_counts
 from refimpl.engine.epilogue import _make_module
+from refimpl.formula import substitute
 from refimpl.genome import Genome
 
-from .layers import _BinaryMeasureLayer
+from .layers import set_measure_impl
 
 _COUNTS = ("a", "b", "c", "d")
 _ALPHAS = ("al0", "al1", "al2", "al3")
@@ -143,23 +153,43 @@ _CALL_GRADIENT = {
 }
 
 
-def _table_builder(found) -> list[str]:
-    # build(out, dout): each one-count subtree k and its derivative at every count x (raw counts).
-    lines = ["", "", "@jit", "def build(out, dout):", "    for x in range(out.shape[1]):", "        X = F(x)"]
+def _conversion(counts: str, count: str) -> tuple[list[str], list[str]]:
+    """(forward statements that set ``count`` from the raw count ``x_<count>`` and the window size
+    ``N``, reverse statements that set ``G_x_<count>`` from ``G_<count>``), under the convention
+    ``counts`` (refimpl/conventions.py): its formula's own operations, and the reverse as autograd
+    takes it (``x / n``: ``grad / n``; ``(x + 1) / (n + 4)``: ``grad / (n + 4)``; raw: ``grad``)."""
+    formula = ast.parse(CONVENTIONS[counts].formula, mode="eval").body
+    tree = substitute(formula, {"x": ast.Name(f"x_{count}"), "n": ast.Name("N")})
+    prog = _Program(tree, prefix=f"k{count}_")
+    if prog.root not in {name for name, _, _ in prog.nodes}:  # raw: the count itself
+        return [f"{count} = {prog.root}"], [f"G_x_{count} = G_{count}"]
+    reverse, _ = prog.reverse()
+    return prog.lines + [f"{count} = {prog.root}"], [f"G_{prog.root} = G_{count}"] + reverse
+
+
+def _table_builder(found, counts: str) -> list[str]:
+    # build(ns, out, dout): each one-count subtree k and its derivative (by the converted count) at
+    # every integer count x of a window of size ns[r]: out[k, r, x], dout[k, r, x].
+    lines = ["", "", "@jit", "def build(ns, out, dout):", "    for r in range(out.shape[1]):",
+             "        N = F(ns[r])", "        for x in range(out.shape[2]):"]
     for k, (count, node) in enumerate(found):
         sub = _Program(node, prefix=f"t{k}_")
         reverse, _ = sub.reverse()
-        lines += [f"        {count} = X", *[f"        {line}" for line in sub.lines],
-                  f"        out[{k}, x] = {sub.root}", f"        G_{sub.root} = F(1.0)",
-                  *[f"        {line}" for line in reverse], f"        dout[{k}, x] = G_{count}"]
-    return lines + (["        pass"] if not found else [])
+        convert, _ = _conversion(counts, count)
+        lines += [f"            x_{count} = F(x)", *[f"            {line}" for line in convert],
+                  *[f"            {line}" for line in sub.lines],
+                  f"            out[{k}, r, x] = {sub.root}", f"            G_{sub.root} = F(1.0)",
+                  *[f"            {line}" for line in reverse], f"            dout[{k}, r, x] = G_{count}"]
+    return lines + (["            pass"] if not found else [])
 
 
-def generate(genome, tabled: bool = False) -> str:
-    """The Numba module of ``genome``'s fused forward and backward; ``tabled``: for raw (integer)
-    counts, the one-count subtrees (``a**3``, ``erf(c)``...) and their derivatives looked up in
-    tables that ``build`` fills once per window size (refimpl/codegen/measure_tables.py)."""
+def generate(genome, counts: str = DEFAULT_COUNTS, tabled: bool = False) -> str:
+    """The Numba module of ``genome``'s fused forward and backward on counts as counted, converted
+    in the kernels by the convention ``counts``; ``tabled``: the one-count subtrees (``a**3``,
+    ``erf(c)``...) and their derivatives looked up by the integer count in tables that ``build``
+    fills once per window size (refimpl/codegen/measure_tables.py), so the counts must be integers."""
     g = Genome.parse(genome)
+    check_counts(counts)
     tree = ast.parse(ast.unparse(g.expression(list(_ALPHAS))), mode="eval").body
     found = split(tree)[1] if tabled else []
     if tabled:
@@ -167,19 +197,34 @@ def generate(genome, tabled: bool = False) -> str:
     prog = _Program(tree)
     reverse, used = prog.reverse()
     looked = [k for k in range(len(found)) if f"T{k}" in used]
-    counts_used = {v for v in _COUNTS if v in used} | {found[k][0] for k in looked}
-    load = [f"{v} = c{v}[i, o, s]" for v in _COUNTS] + [f"{al} = alpha[{k}, o]" for k, al in enumerate(_ALPHAS)]
+    direct = [v for v in _COUNTS if v in used]  # counts the measure reads as values, not through a table
+    counts_used = set(direct) | {found[k][0] for k in looked}
+    raw = counts == DEFAULT_COUNTS
+    # Each pixel's window size N and its table row's offset ROW (one row per distinct size; raw: one row).
+    load = [] if raw else ["N = nsize[s]", *(["ROW = rows[s]"] if looked else [])]
+    load += [f"x_{v} = c{v}[i, o, s]" for v in _COUNTS if v in counts_used]
+    load += [f"{al} = alpha[{k}, o]" for k, al in enumerate(_ALPHAS)]
     # 31-bit unsigned indices: 16-lane dword gathers (refimpl/codegen/epilogue_template.py's reason)
-    load += [line for k in looked for line in (f"I{k} = np.uint32({found[k][0]}) & INDEX_MASK", f"T{k} = tab[{k}, I{k}]")]
-    chain, have = [], {v for v in _COUNTS if v in used}
+    index = "I{k}" if raw else "ROW + I{k}"
+    load += [line for k in looked for line in (f"I{k} = np.uint32(x_{found[k][0]}) & INDEX_MASK",
+                                               f"T{k} = tab[{k}, {index.format(k=k)}]")]
+    # The converted counts: the forward needs those it reads as values, the backward every one whose
+    # conversion it differentiates.
+    load_forward = load + [line for v in direct for line in _conversion(counts, v)[0]]
+    load_backward = load + [line for v in _COUNTS if v in counts_used for line in _conversion(counts, v)[0]]
+    chain, have = [], set(direct)
     for k in looked:
         count = found[k][0]
-        term = f"G_T{k} * dtab[{k}, I{k}]"
+        term = f"G_T{k} * dtab[{k}, {index.format(k=k)}]"
         chain.append(f"G_{count} = G_{count} + {term}" if count in have else f"G_{count} = {term}")
         have.add(count)
+    # bnn.train --measure-grad-clip: NaN -> 0, then clamped to [-LIMIT, LIMIT] (as layers.clip_measure_grad).
+    clip = [f"G_{v} = (F(0.0) if G_{v} != G_{v} else min(max(G_{v}, -limit), limit)) if clip else G_{v}"
+            for v in _COUNTS if v in counts_used]
+    to_raw = [line for v in _COUNTS if v in counts_used for line in _conversion(counts, v)[1]]
     root = prog.root if prog.root in {n for n, _, _ in prog.nodes} else f"F(0.0) + {prog.root}"
     head = [
-        f'"""GENERATED by bnn/measure_fused.py for genome {g}{", tabled" if tabled else ""}: do not edit.',
+        f'"""GENERATED by bnn/measure_fused.py for genome {g}, {counts} counts{", tabled" if tabled else ""}: do not edit.',
         "",
         f"measure = {g.formula()}",
         '"""',
@@ -194,38 +239,42 @@ def generate(genome, tabled: bool = False) -> str:
         "",
         "F = np.float32",
         f"USED = {tuple(sorted(counts_used | (used & set(_ALPHAS))))!r}  # the counts and alphas the measure reads",
+        f"COUNTS = {counts!r}",
         f"N_TABLES = {len(found)}",
         "INDEX_MASK = np.uint32(0x7FFFFFFF)",
-        *_table_builder(found),
+        *_table_builder(found, counts),
         "",
         "",
         "@jit(parallel=True, loop_vectorize=True, noalias=True)",
-        "def forward(ca, cb, cc, cd, alpha, tab, out):",
+        "def forward(ca, cb, cc, cd, nsize, rows, alpha, tab, out):",
+        "    # c* (N, C, S) the counts as counted; nsize (S,) float32 the window sizes; rows (S,) uint32 the",
+        "    # table rows' offsets into tab (K, R * L).",
         "    n_img, channels, size = ca.shape",
         "    for r in prange(n_img * channels):",
         "        i = r // channels",
         "        o = r - i * channels",
         "        for s in range(size):",
-        *[f"            {line}" for line in load + prog.lines],
+        *[f"            {line}" for line in load_forward + prog.lines],
         f"            out[i, o, s] = {root}",
     ]
-    grads = [f"            g{v}[i, o, s] = G_{v}" for v in _COUNTS if v in counts_used]
+    grads = [f"            g{v}[i, o, s] = G_x_{v}" for v in _COUNTS if v in counts_used]
     sums = [f"            acc{k} += G_{al}" for k, al in enumerate(_ALPHAS) if al in used]
     body = [
         "",
         "",
         "@jit(parallel=True, loop_vectorize=True, noalias=True)",
-        "def backward(grad, ca, cb, cc, cd, alpha, tab, dtab, ga, gb, gc, gd, galpha):",
-        "    # galpha (N*C, 4): each row's sum of the alpha gradients, added up per channel by the caller.",
+        "def backward(grad, ca, cb, cc, cd, nsize, rows, alpha, tab, dtab, clip, limit, ga, gb, gc, gd, galpha):",
+        "    # g* the counts' gradients; galpha (N*C, 4): each row's sum of the alpha gradients, added up",
+        "    # per channel by the caller; clip (bool) and limit (float32): --measure-grad-clip.",
         "    n_img, channels, size = ca.shape",
         "    for r in prange(n_img * channels):",
         "        i = r // channels",
         "        o = r - i * channels",
         *[f"        acc{k} = F(0.0)" for k in range(4)],
         "        for s in range(size):",
-        *[f"            {line}" for line in load + prog.lines],
+        *[f"            {line}" for line in load_backward + prog.lines],
         f"            G_{prog.root} = grad[i, o, s]",
-        *[f"            {line}" for line in reverse + chain],
+        *[f"            {line}" for line in reverse + chain + clip + to_raw],
         *grads,
         *sums,
         *[f"        galpha[r, {k}] = acc{k}" for k in range(4)],
@@ -234,44 +283,76 @@ def generate(genome, tabled: bool = False) -> str:
 
 
 _MODULES: dict[tuple, types.ModuleType] = {}
-_TABLES: dict[tuple, tuple] = {}
+_GEOMETRY: dict[tuple, tuple] = {}
 
 
-def module(genome, tabled: bool = False):
-    """The compiled module of ``genome`` (generated into the engine's epilogue cache folder)."""
+def module(genome, counts: str = DEFAULT_COUNTS, tabled: bool = False):
+    """The compiled module of ``genome`` under ``counts`` (generated into the engine's epilogue cache folder)."""
     g = Genome.parse(genome)
-    key = (str(g), tabled)
+    key = (str(g), check_counts(counts), tabled)
     if key not in _MODULES:
         import hashlib
 
-        text = generate(g, tabled)
+        text = generate(g, counts, tabled)
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        kind = "_tabled" if tabled else ""
+        kind = ("" if counts == DEFAULT_COUNTS else f"_{counts}") + ("_tabled" if tabled else "")
         _MODULES[key] = _make_module(f"bnn_measure_fused_{key[0].replace('-', '_')}{kind}_{digest}", text)
     return _MODULES[key]
 
 
-def tables(mod, n_max: int) -> tuple:
-    """(values, derivatives) (K, n_max + 1) float32 of ``mod``'s one-count subtrees at the counts
-    0 .. n_max, built once per module and window size."""
-    key = (mod.__name__, n_max)
-    if key not in _TABLES:
-        out, dout = (torch.empty((max(1, mod.N_TABLES), n_max + 1), dtype=torch.float32) for _ in range(2))
-        mod.build(out.numpy(), dout.numpy())
-        _TABLES[key] = (out, dout)
-    return _TABLES[key]
+def tables(mod, ns) -> tuple:
+    """(values, derivatives) (K, R, L) float32 of ``mod``'s one-count subtrees at the counts 0 .. L - 1
+    in windows of the sizes ``ns`` (R distinct integers, L = max(ns) + 1), as ``mod.build`` fills them."""
+    ns = np.asarray(ns, dtype=np.int64).reshape(-1)
+    shape = (max(1, mod.N_TABLES), ns.shape[0], int(ns.max()) + 1)
+    out, dout = np.empty(shape, dtype=np.float32), np.empty(shape, dtype=np.float32)
+    mod.build(ns, out, dout)
+    return out, dout
+
+
+def _geometry(mod, n, size: int) -> tuple:
+    """(nsize (S,) float32, rows (S,) uint32, tab, dtab (K, R * L)): what the kernels take for counts of
+    S positions in windows of sizes ``n`` (an int, or a tensor broadcastable to (1, 1, spatial...)),
+    built once per module and window sizes. Raw counts need a size only for their tables: one row of
+    ``max(n) + 1`` entries, which do not depend on a window's size."""
+    if n is None:
+        values = np.zeros(1, dtype=np.float32)
+    else:
+        values = (n.detach().cpu().numpy() if isinstance(n, torch.Tensor) else np.asarray(n)).astype(np.float32)
+    key = (mod.__name__, values.shape, values.tobytes(), size)
+    if key not in _GEOMETRY:
+        nsize = np.ascontiguousarray(np.broadcast_to(values.reshape(-1), (size,)) if values.size == 1
+                                     else values.reshape(-1))
+        if nsize.shape[0] != size:
+            raise ValueError(f"window sizes of shape {values.shape} do not match counts of {size} positions")
+        rows = np.zeros(size, dtype=np.uint32)
+        if mod.N_TABLES == 0:
+            tab = dtab = np.zeros((1, 1), dtype=np.float32)
+        else:
+            if n is None:
+                raise ValueError("the tabled kernels need the window sizes n (they bound the counts)")
+            if mod.COUNTS == DEFAULT_COUNTS:
+                ns = np.array([int(nsize.max())])
+            else:
+                ns, inverse = np.unique(nsize, return_inverse=True)
+                rows = (inverse.reshape(-1) * (int(ns.max()) + 1)).astype(np.uint32)
+            out, dout = tables(mod, ns.astype(np.int64))
+            tab, dtab = (np.ascontiguousarray(t.reshape(t.shape[0], -1)) for t in (out, dout))
+        _GEOMETRY[key] = (nsize, rows, tab, dtab)
+    return _GEOMETRY[key]
 
 
 class _FusedMeasure(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, mod, tabs, a, b, c, d, alpha):
+    def forward(ctx, mod, geometry, limit, a, b, c, d, alpha):
         n, ch = a.shape[0], a.shape[1]
         views = [t.detach().contiguous().view(n, ch, -1) for t in (a, b, c, d)]
         al = alpha.detach().contiguous()
         out = torch.empty_like(views[0])
         _threads()
-        mod.forward(*(v.numpy() for v in views), al.numpy(), tabs[0].numpy(), out.numpy())
-        ctx.mod, ctx.tabs, ctx.shape = mod, tabs, a.shape
+        nsize, rows, tab, _ = geometry
+        mod.forward(*(v.numpy() for v in views), nsize, rows, al.numpy(), tab, out.numpy())
+        ctx.mod, ctx.geometry, ctx.limit, ctx.shape = mod, geometry, limit, a.shape
         ctx.save_for_backward(*views, al)
         return out.view(a.shape)
 
@@ -285,19 +366,29 @@ class _FusedMeasure(torch.autograd.Function):
         outs = [torch.empty_like(views[0]) if v in mod.USED else _NONE for v in _COUNTS]
         galpha = torch.empty((n * ch, 4), dtype=torch.float32)
         _threads()
-        mod.backward(g.numpy(), *(v.numpy() for v in views), al.numpy(), ctx.tabs[0].numpy(), ctx.tabs[1].numpy(),
+        nsize, rows, tab, dtab = ctx.geometry
+        clip = ctx.limit is not None
+        # torch.nan_to_num sends +-inf to the largest finite float32 before the clamp: a limit above it is that.
+        limit = np.float32(min(float(ctx.limit), float(np.finfo(np.float32).max)) if clip else 0.0)
+        mod.backward(g.numpy(), *(v.numpy() for v in views), nsize, rows, al.numpy(), tab, dtab, clip, limit,
                      *(o.numpy() for o in outs), galpha.numpy())
         counts = [o.view(ctx.shape) if v in mod.USED else None for o, v in zip(outs, _COUNTS)]
         alpha_grad = galpha.view(n, ch, 4).sum(0).t().contiguous() if set(_ALPHAS) & set(mod.USED) else None
-        return (None, None, *counts, alpha_grad)
+        return (None, None, None, *counts, alpha_grad)
 
 
-def apply(genome, a, b, c, d, alpha, n_max: int | None = None):
-    """The fused measure of counts a..d (float32 CPU, (N, C, ...)); ``n_max``: the largest window
-    size, given only for raw counts (integers in [0, n_max]), which then take the tabled kernels."""
-    mod = module(genome, tabled=n_max is not None)
-    tabs = tables(mod, n_max if n_max is not None else 0)
-    return _FusedMeasure.apply(mod, tabs, a, b, c, d, alpha)
+def apply(genome, a, b, c, d, alpha, counts: str = DEFAULT_COUNTS, n=None, tabled: bool = False,
+          clip: float | None = None):
+    """The fused measure of the counts a..d as counted (float32 CPU, (N, C, ...)), converted by the
+    convention ``counts`` in windows of sizes ``n`` (an int, or a tensor broadcastable to the counts'
+    spatial shape; needed by freq and laplace, and by ``tabled``, whose counts must be integers in
+    [0, n]); ``clip``: the gradients reaching the converted counts with NaN as 0 and clamped to
+    [-clip, clip] (bnn.layers.clip_measure_grad), None: as they are."""
+    mod = module(genome, counts, tabled)
+    if n is None and counts != DEFAULT_COUNTS:
+        raise ValueError(f"{counts} counts need the window sizes n")
+    size = a[0, 0].numel() if a.dim() >= 2 else 1
+    return _FusedMeasure.apply(mod, _geometry(mod, n, size), clip, a, b, c, d, alpha)
 
 
 _NONE = torch.empty((1, 1, 1), dtype=torch.float32)
@@ -315,19 +406,17 @@ def fused_applies(a, alpha) -> bool:
             and not torch.compiler.is_compiling())
 
 
-def _fused_measure(self, a, b, c, d):
-    # Replaces _BinaryMeasureLayer._measure on one instance (the counts arrive converted).
-    if fused_applies(a, self.alpha):
-        # raw counts are integers in [0, n] with n at most a window's size (C*KH*KW, or the inputs)
-        n_max = self.weight[0].numel() if self.counts == "raw" else None
-        return apply(self.genome, a, b, c, d, self.alpha, n_max)
-    return type(self)._measure(self, a, b, c, d)
+def measure_counts(layer, counts, n):
+    """``layer``'s measure of its counts as counted, fused, or None where the fused kernels do not
+    apply (bnn.layers calls the eager path then). ``n``: the windows' sizes (None under raw)."""
+    if not fused_applies(counts[0], layer.alpha):
+        return None
+    # The counts are integers in [0, n]: raw ones at most a whole window (C*KH*KW, or the inputs).
+    sizes = layer.weight[0].numel() if layer.counts == DEFAULT_COUNTS else n
+    return apply(layer.genome, *counts, layer.alpha, layer.counts, sizes, tabled=True, clip=layer.measure_grad_clip)
 
 
 def use_fused_measure(model: torch.nn.Module) -> torch.nn.Module:
     """Route every binary layer of ``model`` through the fused kernels where they apply (in place;
-    returns ``model``)."""
-    for layer in model.modules():
-        if isinstance(layer, _BinaryMeasureLayer):
-            layer._measure = types.MethodType(_fused_measure, layer)
-    return model
+    returns ``model``): ``bnn.layers.set_measure_impl(model, "fused")``."""
+    return set_measure_impl(model, "fused")
