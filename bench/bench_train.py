@@ -3,13 +3,15 @@
     python bench/bench_train.py                  # CPU, and CUDA when available
     python bench/bench_train.py --device cuda --steps 30 --compile
     python bench/bench_train.py --measures paper [--steps 7]   # mnist_net, every paper measure, CPU
+    python bench/bench_train.py --measures paper --fused --counts raw,laplace   # and eager beside the default
     python bench/bench_train.py --measure M6 --measure 3-0-3-0-0-1-6
 
 One training step = augment + normalize + forward + cross-entropy + backward + Adam, the same
 code path as ``bnn.train`` (bnn.data's batch ops on synthetic uint8 images). Each variant is
 warmed up first (cuDNN autotuning, torch.compile), then timed step by step; the median is
 reported (``--measure``/``--measures``: ``bench/train_measure_bench.py``, the CPU training step
-of ``mnist_net`` per searched measure against the baseline's, interleaved). From the CUDA step and evaluation times it estimates one 15-epoch fitness run on
+of ``mnist_net`` per searched measure against the baseline's, interleaved, with the measure
+implementation ``bnn.train`` uses by default and, with ``--fused``, eager beside it). From the CUDA step and evaluation times it estimates one 15-epoch fitness run on
 CIFAR-10 (45,000 training and 5,000 validation images), the search's unit of work.
 """
 from __future__ import annotations
@@ -116,7 +118,12 @@ def main() -> int:
     p.add_argument("--measure", action="append", default=[], metavar="GENOME",
                    help="time mnist_net's CPU training step with this measure against the baseline; repeatable")
     p.add_argument("--measures", metavar="LIST", help="'paper' (baseline and M1..M10) or a comma-separated list")
-    p.add_argument("--fused", action="store_true", help="with --measures: each genome also through bnn.measure_fused")
+    p.add_argument("--fused", action="store_true",
+                   help="with --measures: each genome through both measure implementations side by side, the "
+                        "default (fused, bnn.measure_fused) and eager (bnn.train --measure-impl)")
+    p.add_argument("--counts", metavar="LIST",
+                   help="with --measures: count conventions, comma-separated (raw, freq, laplace), a table each "
+                        "(default: raw)")
     args = p.parse_args()
     if args.measure or args.measures:
         sys.path.insert(0, os.path.dirname(__file__))

@@ -1,15 +1,20 @@
 """Searched measures in training: ``bench_train.py --measure GENOME`` / ``--measures paper``.
 
-One ``mnist_net`` per genome (1x28x28, the Fashion-MNIST network of ``bnn.train``, same seed),
-each with its own Adam; one step = forward + cross-entropy + backward + Adam update on a fixed
-normalized random batch (the data pipeline is the same for every measure, so it is left out).
-Rounds run one step of every model in turn, so load from other processes hits all alike; the
-median step per model and its time relative to the baseline's, in wall time and in process CPU
-time (what the step costs when other processes take the cores). ``measure fwd+bwd``: where the
-difference goes, the measure alone (``bnn.measure.measure`` forward and backward, eager, as the
-layers run it) on the counts every binary layer of that model produced in its last step, timed
-in the same rounds. ``--fused``: each genome also as ``<name>+fused``, its layers' measure through
-``bnn.measure_fused`` (one Numba pass forward, one backward), in the same rounds.
+One ``mnist_net`` per genome, count convention and measure implementation (1x28x28, the
+Fashion-MNIST network of ``bnn.train``, same seed), each with its own Adam; one step = forward +
+cross-entropy + backward + Adam update on a fixed normalized random batch (the data pipeline is
+the same for every measure, so it is left out). Rounds run one step of every model in turn, so
+load from other processes hits all alike; the median step per model and its time relative to
+the baseline's of the same convention and implementation, in wall time and in process CPU time
+(what the step costs when other processes take the cores). ``measure CPU ms``: where the
+difference goes, the measure alone (each binary layer's conversion and measure, forward and
+backward, by the layer's own path) on the counts every binary layer of that model produced in
+its last step, timed in the same rounds.
+
+The models train as ``bnn.train`` trains them: with ``TrainConfig``'s default ``measure_impl``
+(``fused``: bnn/measure_fused.py on float32 CPU counts); ``--fused`` adds each genome with the
+eager torch measure beside it (``--measure-impl eager``), in the same rounds. ``--counts``: one
+table per convention (comma-separated; raw, freq, laplace).
 """
 from __future__ import annotations
 
@@ -22,43 +27,43 @@ import torch.nn.functional as F
 # The genomes a run compares, as the engine's bench reads them (--measure, --measures paper).
 from measure_bench import genomes  # bench/ is on the path (bench_train.py)
 
+from bnn.layers import set_measure_impl
 from bnn.models import build_model
-from bnn.train import ADAM_BETAS
+from bnn.train import ADAM_BETAS, TrainConfig
+from refimpl.conventions import check_counts
+
+DEFAULT_IMPL = TrainConfig().measure_impl
 
 
 def _recording(model):
-    """Make each binary layer keep its last measure inputs; returns the list they go to."""
+    """Make each binary layer keep its last counts and window sizes; returns the list they go to."""
     from bnn.layers import _BinaryMeasureLayer
 
     seen = []
     for layer in model.modules():
         if isinstance(layer, _BinaryMeasureLayer):
-            def keep(a, b, c, d, layer=layer, original=layer._measure):
-                seen.append((layer, original, *(t.detach().clone() for t in (a, b, c, d))))
-                return original(a, b, c, d)
-            layer._measure = keep
+            def keep(counts, n, layer=layer, original=layer._measure_counts):
+                seen.append((layer, original, n, *(t.detach().clone() for t in counts)))
+                return original(counts, n)
+            layer._measure_counts = keep
     return seen
 
 
 def _measure_alone(seen):
-    """Forward and backward of the measure alone on the recorded counts of one step."""
-    inputs = [(layer, fn, [t.clone().requires_grad_() for t in counts]) for layer, fn, *counts in seen]
+    """Forward and backward of the measure alone (conversion included) on the recorded counts of one step."""
+    inputs = [(layer, fn, n, [t.clone().requires_grad_() for t in counts]) for layer, fn, n, *counts in seen]
 
     def run():
-        for layer, fn, counts in inputs:
-            m = fn(*counts)  # the layer's own path: eager, or fused with --fused
+        for layer, fn, n, counts in inputs:
+            m = fn(counts, n)  # the layer's own path: fused or eager
             # autograd.grad, not backward: no .grad accumulation that the real step does not have
             torch.autograd.grad(m, [*counts, layer.alpha], torch.ones_like(m), allow_unused=True)
     return run
 
 
-def _stepper(name: str, batch: int, lr: float):
-    from bnn.measure_fused import use_fused_measure
-
+def _stepper(name: str, counts: str, impl: str, batch: int, lr: float):
     torch.manual_seed(0)
-    model = build_model("mnist_net", name.removesuffix("+fused"), 10, (1, 28, 28))
-    if name.endswith("+fused"):
-        use_fused_measure(model)
+    model = set_measure_impl(build_model("mnist_net", name, 10, (1, 28, 28), counts=counts), impl)
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=ADAM_BETAS)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(batch, 1, 28, 28, generator=g)
@@ -78,40 +83,47 @@ def _stepper(name: str, batch: int, lr: float):
 
 
 def run_measures(args, machine_line: str) -> int:
-    """Time the training step of each genome in interleaved rounds and print the table; 0."""
+    """Time the training step of each genome in interleaved rounds and print one table per convention; 0."""
     names = genomes(args)
-    if args.fused:
-        names = [v for name in names for v in (name, name + "+fused")]
-    steppers = {name: _stepper(name, args.batch, 5e-3) for name in names}
-    for step in steppers.values():  # warm: allocator, first-call dispatch
+    conventions = [check_counts(c.strip()) for c in (args.counts or "raw").split(",") if c.strip()]
+    impls = [DEFAULT_IMPL] + (["eager"] if args.fused and DEFAULT_IMPL != "eager" else [])
+    keys = [(c, name, impl) for c in conventions for name in names for impl in impls]
+    steppers = {k: _stepper(k[1], k[0], k[2], args.batch, 5e-3) for k in keys}
+    for step in steppers.values():  # warm: allocator, first-call dispatch, kernels compiled
         step()
-    alone = {name: _measure_alone(list(step.seen)) for name, step in steppers.items()}
+    alone = {k: _measure_alone(list(step.seen)) for k, step in steppers.items()}
     for run in alone.values():
         run()
-    times = {name: [] for name in names}
-    cpu = {name: [] for name in names}
-    measure_cpu = {name: [] for name in names}
+    times, cpu, measure_cpu = ({k: [] for k in keys} for _ in range(3))
     rounds = args.steps or 7
     for _ in range(rounds):
-        for name, step in steppers.items():
+        for k, step in steppers.items():
             c, t = time.process_time(), time.perf_counter()
             step()
-            times[name].append(time.perf_counter() - t)
-            cpu[name].append(time.process_time() - c)
+            times[k].append(time.perf_counter() - t)
+            cpu[k].append(time.process_time() - c)
             c = time.process_time()
-            alone[name]()
-            measure_cpu[name].append(time.process_time() - c)
+            alone[k]()
+            measure_cpu[k].append(time.process_time() - c)
     med, med_cpu, med_m = ({k: sorted(v)[len(v) // 2] for k, v in d.items()} for d in (times, cpu, measure_cpu))
     load = os.getloadavg()
     print(machine_line)
     print(f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; load average at the end "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (other processes share the cores: read the ratios)")
     print(f"mnist_net (1x28x28), batch {args.batch}, forward + backward + Adam, CPU; medians of {rounds} "
-          "interleaved rounds\n")
-    print(f"{'measure':10s} {'step ms':>9s} {'images/s':>9s} {'vs baseline':>12s} {'CPU ms':>8s} "
-          f"{'CPU vs baseline':>16s} {'measure fwd+bwd CPU ms':>23s} {'share of step CPU':>18s}")
-    for name in names:
-        print(f"{name:10s} {med[name] * 1e3:9.1f} {args.batch / med[name]:9.0f} {med[name] / med['baseline']:11.2f}x "
-              f"{med_cpu[name] * 1e3:8.1f} {med_cpu[name] / med_cpu['baseline']:15.2f}x {med_m[name] * 1e3:23.1f} "
-              f"{med_m[name] / med_cpu[name]:17.0%}")
+          f"interleaved rounds; each ratio against the baseline of the same convention and measure path")
+    for counts in conventions:
+        print(f"\n{counts} counts")
+        head = f"{'measure':10s}"
+        for impl in impls:
+            label = f"{impl} (default)" if impl == DEFAULT_IMPL else impl
+            head += f" | {label + ': step ms':>22s} {'wall vs base':>12s} {'CPU vs base':>11s} {'measure CPU ms':>14s}"
+        print(head)
+        for name in names:
+            line = f"{name:10s}"
+            for impl in impls:
+                k, base = (counts, name, impl), (counts, names[0], impl)
+                line += (f" | {med[k] * 1e3:22.1f} {med[k] / med[base]:11.2f}x {med_cpu[k] / med_cpu[base]:10.2f}x "
+                         f"{med_m[k] * 1e3:14.1f}")
+            print(line)
     return 0

@@ -96,7 +96,8 @@ def _configs(args) -> tuple[list[TrainConfig], int]:
     configs = [TrainConfig.from_mapping({**settings, "model": args.model or DEFAULT_MODEL[dataset], "dataset": dataset,
                                          "measure": m, "counts": c, "downsample": args.downsample, "seed": args.seed,
                                          "device": args.device, "data_dir": args.data_dir, "val_size": args.val_size, "download": args.download,
-                                         "step": "eager"})
+                                         # instrumented node by node: the eager measure, whatever the default
+                                         "step": "eager", "measure_impl": "eager"})
                for m in measures for c in conventions]
     return configs, args.steps or (epochs * _images_steps(configs[0]) if epochs else DEFAULT_STEPS)
 

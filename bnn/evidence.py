@@ -30,13 +30,14 @@ import time
 from refimpl.cli import SEED_MAX, OneLineParser, nonnegative_int, one_line, parse_int, positive_float, positive_int
 from refimpl.conventions import DEFAULT as RAW
 from refimpl.conventions import check_counts
+from refimpl.fileio import read_regular
 from refimpl.genome import Genome
 
 from . import _evidence_report as report
 from ._evidence_journal import GridError, append_line, read_journal, start_journal
 from .paper_results import MEASURES
 from .runlock import RunDirInUse, hold_run_dir
-from .settings import FITNESS
+from .settings import FITNESS, MEASURE_IMPL_BEFORE, MEASURE_IMPLS
 
 # =============================================================================================
 # The protocol: the only place its defaults are set. Every option below can override them.
@@ -138,6 +139,19 @@ def cell_config(base, cell: dict):
 # Journal and lock
 
 
+def journaled_measure_impl(root: str) -> str | None:
+    """The measure implementation of the grid journaled in ``root`` (eager for a journal written before
+    the setting existed), or None: no journal, or one the locked read will report on. Read without
+    the lock, to choose a rerun's default; the locked run checks the protocol again."""
+
+    try:
+        first = read_regular(os.path.join(root, "journal.jsonl")).split(b"\n", 1)[0]
+        protocol = json.loads(first)["protocol"]
+        return protocol.get("measure_impl", MEASURE_IMPL_BEFORE)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None
+
+
 def lock_root(root: str):
     """The run folder's lock (``bnn.runlock``), to hold in a ``with`` block; a held root is a GridError."""
     try:
@@ -152,13 +166,15 @@ def check_protocol(saved: dict, wanted: dict, root: str) -> None:
     """GridError naming the first setting in which a journal's protocol differs from this run's.
 
     A setting that a journal's protocol lacks was added to bnn.train after that journal was
-    written: the journal's cells trained with its default, which is what they are compared at."""
+    written: the journal's cells trained with what bnn.train did then, which is what they are
+    compared at: its default then (``measure_impl``: eager, though fused is the default now)."""
     from .train import TrainConfig
 
-    defaults = protocol_of(TrainConfig())
+    defaults = {**protocol_of(TrainConfig()), "measure_impl": MEASURE_IMPL_BEFORE}
     for key in sorted(set(saved) | set(wanted)):
-        if saved.get(key, defaults.get(key)) != wanted.get(key):
-            raise GridError(f"{root} holds a grid run with {key}={saved.get(key)!r}, not {wanted.get(key)!r}; "
+        had = saved.get(key, defaults.get(key))
+        if had != wanted.get(key):
+            raise GridError(f"{root} holds a grid run with {key}={had!r}, not {wanted.get(key)!r}; "
                             "use another --root (or the same options)")
 
 
@@ -340,6 +356,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--real-measures", help=f"measures also run with downsample=real, or 'none' (default: {','.join(REAL_MEASURES)})")
     p.add_argument("--counts", help="comma-separated count conventions, each a grid of its own cells (docs/design.md "
                                     "section 2): raw (default), freq, laplace")
+    p.add_argument("--measure-impl", choices=MEASURE_IMPLS,
+                   help="how the measure runs in training (bnn.train --measure-impl): fused (a new grid's default) or "
+                        "eager; a rerun without it continues with its journal's (eager for a journal written before "
+                        "the option)")
     p.add_argument("--epochs", type=positive_int, help="epochs per cell (default: the protocol's, see PROTOCOLS)")
     p.add_argument("--train-size", type=nonnegative_int, help="training images per epoch; 0 = all (default: the protocol's)")
     p.add_argument("--batch-size", type=positive_int)
@@ -386,6 +406,9 @@ def setup(args) -> tuple[str, object, list[dict]]:
         protocol["train_size"] = args.train_size or None
     if args.milestones is not None:
         protocol["milestones"] = tuple(_int_list(args.milestones, "--milestones"))
+    root = args.root or os.path.join("runs", f"evidence-{dataset}")
+    # A rerun continues its grid with the journal's measure implementation; a new grid takes the default.
+    protocol["measure_impl"] = args.measure_impl or journaled_measure_impl(root)
     seeds = _int_list(args.seeds, "--seeds", 0, SEED_MAX) if args.seeds is not None else list(SEEDS)
     try:
         cells = plan_cells(_names(args.measures, MEASURES), seeds, _names(args.real_measures, REAL_MEASURES),
@@ -395,7 +418,7 @@ def setup(args) -> tuple[str, object, list[dict]]:
     if not cells:
         raise GridError("no cells to run: give at least one measure and one seed")
     base = base_config(dataset, args.model, protocol, args.data_dir, args.device)
-    return args.root or os.path.join("runs", f"evidence-{dataset}"), base, cells
+    return root, base, cells
 
 
 def table_only(root: str, plot: bool, log) -> dict:

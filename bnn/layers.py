@@ -15,6 +15,7 @@ from refimpl.kernels.geometry import int_pair
 
 from .counts import counts_conv2d, counts_dense, window_sizes
 from .measure import convert_counts, initial_alpha, measure
+from .settings import MEASURE_IMPLS
 
 
 def sign(x: torch.Tensor) -> torch.Tensor:
@@ -77,9 +78,6 @@ def check_measure_grad_clip(limit):
                                   and math.isfinite(limit) and limit > 0):
         raise ValueError(f"measure_grad_clip must be a finite number > 0 or None (off), got {limit!r}")
     return limit
-
-
-MEASURE_IMPLS = ("fused", "eager")
 
 
 def check_measure_impl(impl) -> str:

@@ -23,6 +23,7 @@ from refimpl.datasets import DATASETS, canonical_name, dataset_arg
 from refimpl.fileio import atomic_write_text
 
 from .paper_results import CIFAR10_MODELS, CIFAR100_MODELS, GRID, MEASURES, PAPER
+from .settings import MEASURE_IMPLS
 
 
 def cell_name(cell) -> str:
@@ -73,22 +74,30 @@ def read_summary(root: str, cell) -> dict | None:
 
 
 def run_cells(cells, root, data_dir=None, device="auto", epochs=None, val_size=None, seed=0,
-              progress=True, compile=False, log=print, download=False, counts="raw"):
+              progress=True, compile=False, log=print, download=False, counts="raw", measure_impl=None):
     """Train every cell that has no summary yet (resuming an interrupted one), one data set in memory at a time.
 
-    Every cell's settings are checked before the first one trains (ValueError).
+    Every cell's settings are checked before the first one trains (ValueError). ``measure_impl``:
+    bnn.train's --measure-impl; None: a started cell's own (eager if its checkpoint predates the
+    setting), else the default.
     """
     from .data import load_dataset  # torch only when something is trained
+    from .settings import MEASURE_IMPL_BEFORE
     from .train import TrainConfig, resolve_device, train_model
+    from .train_files import load_checkpoint
 
     overrides = {} if epochs is None else {"epochs": epochs}
     configs = {}
     for cell in cells:  # every cell's settings (device, seed, epochs) before the first one trains
         dataset, model, measure = cell
+        impl, ckpt = measure_impl, os.path.join(root, *cell, "checkpoint.pt")
+        if impl is None and os.path.isfile(ckpt) and read_summary(root, cell) is None:
+            impl = load_checkpoint(ckpt)["config"].get("measure_impl", MEASURE_IMPL_BEFORE)
         configs[cell] = TrainConfig.from_preset(
             "paper-eval", model=model, dataset=dataset, measure=measure, seed=seed, counts=counts,
             device=str(resolve_device(device, dataset)), data_dir=data_dir, val_size=val_size,
             out_dir=os.path.join(root, *cell), resume=True, compile=compile, **overrides,
+            **({} if impl is None else {"measure_impl": impl}),
         )
         configs[cell].validate()
     loaded = {}
@@ -176,6 +185,9 @@ def main(argv=None) -> int:
     p.add_argument("--counts", choices=COUNT_CONVENTIONS, default="raw",
                    help="count convention of every cell (docs/design.md section 2): raw (default, the paper's "
                         "equations), freq or laplace; other than raw, the default root says so")
+    p.add_argument("--measure-impl", choices=MEASURE_IMPLS,
+                   help="how the measure runs in training (bnn.train --measure-impl): fused (default; eager on CUDA "
+                        "and compiled steps) or eager; a started cell continues with its own")
     p.add_argument("--list", action="store_true", help="print the selected cells and their state, run nothing")
     p.add_argument("--table-only", action="store_true", help="only rewrite results.md from finished cells")
     p.add_argument("--no-progress", action="store_true")
@@ -195,7 +207,7 @@ def main(argv=None) -> int:
             run_cells(cells, root, args.data_dir, args.device, args.epochs, args.val_size, args.seed,
                       progress=not args.no_progress, compile=args.compile,
                       log=lambda s: print(s, file=sys.stderr, flush=True), download=args.download,
-                      counts=args.counts)
+                      counts=args.counts, measure_impl=args.measure_impl)
         path = write_table(root)
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)

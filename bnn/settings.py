@@ -68,6 +68,14 @@ ADAM_BETAS = (0.9, 0.999)
 #             the graph (an operator with a CPU argument is never captured): a new genome recompiles;
 #   auto      compiled on CUDA, eager on the CPU (inductor's C++ compile takes minutes there).
 STEPS = ("auto", "eager", "compiled", "graphs")
+# How a binary layer's measure runs in training (bnn/layers.py set_measure_impl):
+#   fused  bnn/measure_fused.py: one Numba pass forward and one backward, where it applies (float32
+#          counts on the CPU, outside torch.compile), eager elsewhere; TrainConfig's default;
+#   eager  torch operators, one pass over memory each, forward and backward.
+# The two agree to float32 rounding, not to the bit. A checkpoint, evidence protocol or search
+# journal written before the setting existed trained eager: MEASURE_IMPL_BEFORE, not the default.
+MEASURE_IMPLS = ("fused", "eager")
+MEASURE_IMPL_BEFORE = "eager"
 
 T = TypeVar("T")
 

@@ -36,7 +36,16 @@ from refimpl.genome import Genome
 from .data import DATASETS, canonical_name, dataset_arg
 from .models import DOWNSAMPLE_KINDS, MODELS
 from .runlock import hold_run_dir
-from .settings import ADAM_BETAS, DEFAULT_MODEL, DEFAULT_PRESET, FITNESS, PRESETS, STEPS
+from .settings import (
+    ADAM_BETAS,
+    DEFAULT_MODEL,
+    DEFAULT_PRESET,
+    FITNESS,
+    MEASURE_IMPL_BEFORE,
+    MEASURE_IMPLS,
+    PRESETS,
+    STEPS,
+)
 from .train_config import DEVICES, TrainConfig, TrainResult, check_settings, resolve_device, resolve_step
 from .train_files import (
     CHECKPOINT,
@@ -102,6 +111,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--measure-grad-clip", type=positive_float, metavar="C",
                    help="clip the gradients reaching every binary layer's measure inputs a, b, c, d to [-C, C] (NaN to "
                         "0) in training; the forward is unchanged (docs/design.md section 6; default: off)")
+    p.add_argument("--measure-impl", choices=MEASURE_IMPLS,
+                   help="how the measure runs in training (docs/design.md section 6): fused (default: one Numba pass "
+                        "forward and one backward, bnn/measure_fused.py, on float32 CPU counts; eager elsewhere: "
+                        "CUDA, --step compiled) or eager (torch operators, one pass each; what a run recorded before "
+                        "this option trained with); the two agree to float32 rounding, not to the bit")
     p.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default: {_per_dataset(DEFAULT_PRESET)})")
     p.add_argument("--epochs", type=positive_int, help=f"epochs (default: the preset's: {_per_preset('epochs')})")
     p.add_argument("--batch-size", type=positive_int, help=f"batch size (default: the preset's: {_per_preset('batch_size')})")
@@ -136,6 +150,7 @@ def config_from_args(args, ckpt: dict | None = None) -> TrainConfig:
         ckpt = ckpt or load_checkpoint(os.path.join(args.resume, CHECKPOINT))
         saved = dict(ckpt["config"])
         saved.update(out_dir=args.resume, resume=True)
+        saved.setdefault("measure_impl", MEASURE_IMPL_BEFORE)  # written before the setting: trained eager
         if args.epochs is not None:
             saved["epochs"] = args.epochs  # extending a finished run is allowed
         if args.device != "auto":
@@ -162,7 +177,7 @@ def config_from_args(args, ckpt: dict | None = None) -> TrainConfig:
     return TrainConfig.from_preset(
         preset, model=model, dataset=dataset, measure=measure, downsample=args.downsample, counts=args.counts,
         measure_grad_clip=args.measure_grad_clip, seed=args.seed,
-        device=args.device,
+        device=args.device, **({} if args.measure_impl is None else {"measure_impl": args.measure_impl}),
         data_dir=args.data_dir, val_size=args.val_size, train_size=args.train_size, out_dir=out,
         compile=args.compile, step=args.step, download=args.download, **overrides,
     )
@@ -181,7 +196,7 @@ def _refuse_existing_run(out_dir: str) -> None:
 
 # What --resume takes from the checkpoint: given with it, they would be ignored, so they are refused.
 RESUME_FIXED = ("out", "model", "dataset", "data_dir", "download", "measure", "downsample", "counts", "measure_grad_clip",
-                "preset",
+                "measure_impl", "preset",
                 "batch_size", "lr",
                 "milestones", "seed", "val_size", "train_size", "compile", "step")
 
@@ -230,7 +245,7 @@ def main(argv=None) -> int:
         lock.release()  # the run's files are all written
     summary = {k: result.to_dict()[k] for k in ("status", "epochs", "val_acc", "test_acc", "test_top5", "wall_s")}
     summary.update(model=cfg.model, dataset=cfg.dataset, measure=cfg.measure, downsample=cfg.downsample, counts=cfg.counts,
-                   measure_grad_clip=cfg.measure_grad_clip, seed=cfg.seed, out=cfg.out_dir)
+                   measure_grad_clip=cfg.measure_grad_clip, measure_impl=cfg.measure_impl, seed=cfg.seed, out=cfg.out_dir)
     if args.json:
         print(json.dumps(json_safe(summary)))
     else:

@@ -14,7 +14,7 @@ from refimpl.cli import SEED_MAX
 from refimpl.genome import Genome
 
 from .data import canonical_name, check_split_sizes, read_arrays
-from .layers import check_measure_grad_clip
+from .layers import check_measure_grad_clip, check_measure_impl
 from .models import MODELS, check_counts, check_downsample
 from .settings import PRESETS, STEPS, from_mapping
 
@@ -50,6 +50,11 @@ class TrainConfig:
     # Training option (docs/design.md section 6): the gradients reaching the measure's inputs a, b, c, d
     # clipped to [-C, C], NaN to 0; None = off (and what a checkpoint without it trained with).
     measure_grad_clip: float | None = None
+    # How the measure runs in training (docs/design.md section 6): "fused" (bnn/measure_fused.py: one Numba
+    # pass forward and one backward, where it applies: float32 CPU counts, not compiled, not CUDA) or
+    # "eager" (torch operators). A checkpoint, protocol or journal without the key trained eager
+    # (bnn.settings.MEASURE_IMPL_BEFORE), not with this default.
+    measure_impl: str = "fused"
 
     def __post_init__(self) -> None:
         self.milestones = tuple(int(m) for m in self.milestones)
@@ -74,6 +79,7 @@ class TrainConfig:
         check_downsample(self.downsample)
         check_counts(self.counts)
         check_measure_grad_clip(self.measure_grad_clip)
+        check_measure_impl(self.measure_impl)
         _check_int("epochs", self.epochs, 1)
         _check_int("batch_size", self.batch_size, 1)
         _check_int("seed", self.seed, 0, SEED_MAX)

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from .data import Dataset, load_dataset
-from .layers import set_measure_grad_clip
+from .layers import set_measure_grad_clip, set_measure_impl
 from .models import build_model
-from .settings import ADAM_BETAS
+from .settings import ADAM_BETAS, MEASURE_IMPL_BEFORE
 from .train_config import TrainConfig, TrainResult, resolve_device, resolve_step
 from .train_files import (
     CHECKPOINT,
@@ -154,8 +154,10 @@ def _check_resumable(cfg: TrainConfig, ckpt: dict, ckpt_path: str) -> None:
     for key in RESUME_MUST_MATCH:
         if saved.get(key) != getattr(cfg, key):
             raise ValueError(f"cannot resume {ckpt_path}: it was trained with {key}={saved.get(key)!r}, not {getattr(cfg, key)!r}")
-    # A checkpoint written before the options has no key: it trained the binary kind, raw counts, no clip.
-    for key, default in (("downsample", "binary"), ("counts", "raw"), ("measure_grad_clip", None)):
+    # A checkpoint written before the options has no key: it trained the binary kind, raw counts, no clip,
+    # the eager measure.
+    for key, default in (("downsample", "binary"), ("counts", "raw"), ("measure_grad_clip", None),
+                         ("measure_impl", MEASURE_IMPL_BEFORE)):
         if saved.get(key, default) != getattr(cfg, key):
             raise ValueError(f"cannot resume {ckpt_path}: it was trained with "
                              f"{key}={saved.get(key, default)!r}, not {getattr(cfg, key)!r}")
@@ -182,6 +184,7 @@ def _build(cfg: TrainConfig, data: Dataset, device: torch.device, fused: bool = 
     model = build_model(cfg.model, cfg.measure, data.num_classes, data.input_shape,
                         downsample=cfg.downsample, counts=cfg.counts).to(device)
     set_measure_grad_clip(model, cfg.measure_grad_clip)
+    set_measure_impl(model, cfg.measure_impl)  # fused applies on float32 CPU counts outside torch.compile
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=ADAM_BETAS, **({"fused": True} if fused else {}))

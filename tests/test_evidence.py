@@ -243,7 +243,34 @@ def test_a_journal_from_before_conventions_resumes_as_raw_cells(tmp_path, fake_t
     assert [c.counts for c in fake_train[2:]] == ["laplace", "laplace"]
 
 
+def test_a_new_grid_records_the_fused_measure_and_a_journal_without_the_key_continues_eager(tmp_path, fake_train,
+                                                                                            capsys):
+    args = _grid(tmp_path, "--measures", "baseline", "--seeds", "0", "--real-measures", "none")
+    assert evidence.main(args) == 0
+    assert fake_train[0].measure_impl == "fused" and _journal(tmp_path)[0]["protocol"]["measure_impl"] == "fused"
+    lines = _journal(tmp_path)
+    lines[0]["protocol"].pop("measure_impl")  # as a journal written before the option holds it: trained eager
+    (tmp_path / "journal.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    more = _grid(tmp_path, "--measures", "baseline", "--seeds", "0,1", "--real-measures", "none")
+    assert evidence.main(more) == 0  # not refused: the rerun takes the journal's eager
+    assert [(c.seed, c.measure_impl) for c in fake_train[1:]] == [(1, "eager")]
+    assert "measure_impl" not in _journal(tmp_path)[0]["protocol"]  # the journal's protocol line is kept
+    capsys.readouterr()
+    assert evidence.main([*more, "--measure-impl", "fused"]) == 2  # asked for against an eager grid: refused
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "measure_impl='eager', not 'fused'" in err
+    assert evidence.main([*more, "--measure-impl", "eager"]) == 0 and len(fake_train) == 2
+
+
+def test_a_grid_keeps_the_measure_impl_it_was_started_with(tmp_path, fake_train, capsys):
+    args = _grid(tmp_path, "--measures", "baseline", "--real-measures", "none")
+    assert evidence.main([*args, "--seeds", "0", "--measure-impl", "eager"]) == 0
+    assert evidence.main([*args, "--seeds", "0,1"]) == 0
+    assert [c.measure_impl for c in fake_train] == ["eager", "eager"]
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--measure-impl", "numba"], "argument --measure-impl: invalid choice: 'numba'"),
     (["--counts", "raw,fraq"], "unknown count convention 'fraq'; choose one of raw, freq, laplace"),
     (["--seeds", "0,x"], "--seeds must be comma-separated integers"),
     (["--measures", "M99"], "unknown genome 'M99'"),

@@ -36,6 +36,7 @@ def test_help():
     (["--fitness", "synthetic:x"], "seed"),
     (["--resume", "/nonexistent/run"], "journal"),
     (["--reuse", "/nonexistent/run", "--fitness", "synthetic:1"], "journal"),
+    (["--measure-impl", "numba"], "invalid choice: 'numba' (choose from 'fused', 'eager')"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, words):
     # In process (main() is what __main__ calls): an exception escaping it would be the traceback.
@@ -168,6 +169,29 @@ def test_a_journal_from_before_conventions_resumes_as_raw(tmp_path):
     assert Search.config_from_journal(d)["counts"] == "raw"
     r = cli("--resume", str(d), "--counts", "freq", "--no-progress")
     assert r.returncode == 2 and "counts is 'raw' in the journal" in r.stderr
+
+
+def test_a_new_search_records_the_fused_measure_and_a_journal_without_it_resumes_eager(tmp_path):
+    from bnn.search.fitness import fitness_config
+    from bnn.search.loop import Search, SearchConfig
+
+    d = tmp_path / "run"
+    small = [a if a != "300" else "20" for a in SYN]
+    assert cli(*small, "--run-dir", str(d)).returncode == 0
+    journal = d / "journal.jsonl"
+    lines = journal.read_text().splitlines(keepends=True)
+    start = json.loads(lines[0])
+    assert start["config"]["measure_impl"] == "fused"
+    del start["config"]["measure_impl"]  # as a search journaled before the option: its trainings ran eager
+    journal.write_text(json.dumps(start) + "\n" + "".join(lines[1:]))
+    stored = Search.config_from_journal(d)
+    assert stored["measure_impl"] == "eager"
+    assert fitness_config(SearchConfig.from_mapping(stored).train_dict(), "M1").measure_impl == "eager"
+    r = cli("--resume", str(d), "--max-evaluations", "30", "--no-progress")
+    assert r.returncode == 0, r.stderr  # continued, not refused
+    r = cli("--resume", str(d), "--measure-impl", "fused", "--no-progress")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "measure_impl is 'eager' in the journal; it cannot change to 'fused'" in r.stderr
 
 
 def test_equivalence_and_screening_probe_the_searched_convention():

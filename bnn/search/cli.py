@@ -14,7 +14,7 @@ from refimpl.conventions import NAMES as COUNT_CONVENTIONS
 from refimpl.datasets import DATASETS, canonical_name, dataset_arg
 
 from ..runlock import hold_run_dir
-from ..settings import DEFAULT_MODEL, FITNESS, PAPER_POPULATION, STEPS
+from ..settings import DEFAULT_MODEL, FITNESS, MEASURE_IMPLS, PAPER_POPULATION, STEPS
 from . import journal as jr
 from .fitness import fitness_config, parse_fitness_spec
 from .ga import Thresholds
@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--counts", choices=COUNT_CONVENTIONS,
                    help="count convention of every candidate (docs/design.md section 2): raw (default, the paper's "
                         "equations), freq (a/n, ...) or laplace ((a+1)/(n+4), ...)")
+    t.add_argument("--measure-impl", choices=MEASURE_IMPLS,
+                   help="how the measure runs in a fitness training (bnn.train --measure-impl): fused (a new search's "
+                        "default) or eager; fixed by the journal on --resume (eager for a journal written before the "
+                        "option)")
     t.add_argument("--epochs", type=_positive, help=f"epochs of a full fitness training (digits preset: {PRESETS['digits']['epochs']}, "
                                                     f"paper: {FITNESS.epochs})")
     t.add_argument("--batch-size", type=_positive, help=f"batch size (default {FITNESS.batch_size})")

@@ -27,7 +27,7 @@ import numpy as np
 import refimpl
 from refimpl import Genome
 
-from ..settings import FITNESS
+from ..settings import FITNESS, MEASURE_IMPL_BEFORE
 from .variation import gene_limits
 
 # -- probe set -------------------------------------------------------------------------------------
@@ -312,6 +312,7 @@ def fitness_config(train: dict, genome: str):
     return TrainConfig.from_mapping(dict(
         model=t["model"], dataset=t["dataset"], measure=genome, epochs=t["epochs"],
         downsample=t.get("downsample", "binary"), counts=t.get("counts", "raw"),
+        measure_impl=t.get("measure_impl", MEASURE_IMPL_BEFORE),
         batch_size=t["batch_size"], lr=t["lr"], seed=t["seed"], device=t["device"], step=t.get("step", "auto"),
         data_dir=t.get("data_dir"), val_size=t.get("val_size"), train_size=t.get("train_size"),
         milestones=FITNESS.milestones, gamma=FITNESS.gamma,  # the paper's fitness schedule

@@ -34,13 +34,13 @@ from pathlib import Path
 from refimpl import Genome
 from refimpl.fileio import atomic_write_text
 
-from ..settings import FITNESS, PAPER_POPULATION, from_mapping
+from ..settings import FITNESS, MEASURE_IMPL_BEFORE, PAPER_POPULATION, from_mapping
 from . import journal as jr
 from .fitness import FitnessCache, fitness_of, parse_fitness_spec
 from .ga import GeneticSearch, Thresholds
 
 # Fields that define what a search computes: fixed at start, taken from the journal on resume.
-SEARCH_FIELDS = ("dataset", "model", "downsample", "counts", "epochs", "population", "seed", "thresholds", "threshold_steps",
+SEARCH_FIELDS = ("dataset", "model", "downsample", "counts", "measure_impl", "epochs", "population", "seed", "thresholds", "threshold_steps",
                  "batch_size", "lr", "val_size", "train_size", "train_seed", "fitness", "cache", "equivalence",
                  "screening", "unique_members", "reuse")
 # Fields that must match for another run's trainings to be reused (--reuse).
@@ -49,7 +49,7 @@ TRAIN_FIELDS = ("dataset", "model", "downsample", "counts", "epochs", "batch_siz
 # Longest wait on a worker pool between two looks for a Ctrl-C (seconds).
 POLL_S = 1.0
 # What a journal written before a field existed computed: its start event lacks the key.
-JOURNAL_DEFAULTS = {"downsample": "binary", "counts": "raw", "train_size": None}
+JOURNAL_DEFAULTS = {"downsample": "binary", "counts": "raw", "train_size": None, "measure_impl": MEASURE_IMPL_BEFORE}
 
 
 @dataclass
@@ -59,6 +59,7 @@ class SearchConfig:
     model: str = "digits_net"
     downsample: str = "binary"  # binary | real: shortcut of units that change size or width (docs/design.md section 6)
     counts: str = "raw"  # the count convention of every candidate (refimpl/conventions.py; not a gene)
+    measure_impl: str = "fused"  # how the measure runs in a fitness training (bnn.settings.MEASURE_IMPLS)
     epochs: int = FITNESS.epochs
     population: int = PAPER_POPULATION
     seed: int = 0
@@ -96,7 +97,7 @@ class SearchConfig:
     def train_dict(self) -> dict:
         """The fitness training's settings as the workers take them."""
         return {"dataset": self.dataset, "model": self.model, "downsample": self.downsample, "counts": self.counts,
-                "epochs": self.epochs,
+                "measure_impl": self.measure_impl, "epochs": self.epochs,
                 "batch_size": self.batch_size, "lr": self.lr, "val_size": self.val_size,
                 "train_size": self.train_size, "seed": self.train_seed, "data_dir": self.data_dir, "device": self.device,
                 "step": self.step}
