@@ -47,7 +47,7 @@ from ..conventions import DEFAULT as DEFAULT_COUNTS
 from ..conventions import check_counts
 from ..formula import substitute
 from ..genome import Genome
-from ..kernels.tiling import TILE_CHANNELS, TILE_PIXELS, tile_function_name
+from ..kernels.tiling import TILE_CHANNELS, TILE_PIXELS, fused_tile_function_name
 from .measure_tables import lookup_arguments, split, table_functions
 from .ops_template import to_numba
 
@@ -105,11 +105,20 @@ SIGNATURES = {
     "epilogue_identity": f"void({_COMMON}, {_TAIL})",
     "epilogue_down": f"void({_COMMON}, {_COMMON}, {_TAIL})",
     # identity takes what none takes: its residual is ``out`` itself (see _MODES)
-    "fused_none": f"void({_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
-    "fused_identity": f"void({_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
-    "fused_down": f"void({_GEMM}, {_GEMM2}, {_SCRATCH}, i4[:, ::1], {_PX_SCRATCH}, {_EPI}, {_EPI}, {_FUSED_TAIL})",
+    # the fused kernels take the address of the popcount tile first (``fused_tile`` below)
+    "fused_none": f"void(i8, {_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
+    "fused_identity": f"void(i8, {_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
+    "fused_down": f"void(i8, {_GEMM}, {_GEMM2}, {_SCRATCH}, i4[:, ::1], {_PX_SCRATCH}, {_EPI}, {_EPI}, {_FUSED_TAIL})",
 }
-_TILE = tile_function_name(TILE_PIXELS, TILE_CHANNELS)
+# The popcount tile, the part of a fused kernel that no genome changes: refimpl/kernels/_tiles.py's
+# copy for these tasks, compiled and cached once for every genome, and called by a genome's fused
+# task at its address (``tile_fn``, refimpl/engine/epilogue.py's ``tile_address``). Linked into
+# each task as a callee, it was optimized and emitted again with every genome: 0.4-0.8 s of each
+# fused kernel's first compile (docs/performance.md, compile time). Its one signature:
+# (input words, weight panels, K, tap offsets, window origins, O, pixels, first pixel, first and
+# end panel, im2col row, edge block, counts block, its first pixel, px of the tile).
+FUSED_TILE = fused_tile_function_name(TILE_PIXELS, TILE_CHANNELS)
+TILE_CALL_SIGNATURE = "void(u8[::1], u8[::1], i8, i8[::1], i8[::1], i8, i8, i8, i8, i8, u8[::1], u8[:, ::1], i4[::1], i8, f4[::1])"
 
 _MODES = {
     # residual mode -> (extra parameters, how y is formed)
@@ -241,7 +250,7 @@ def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:
         "",
         "from refimpl._jit import jit",
         "from refimpl._numba_ops import nan_max, nan_min",
-        f"from refimpl.kernels._tiles import {_TILE}",
+        "from refimpl.engine.task_call import call_task",
         "from refimpl.kernels.byte_dot import BYTE_LOOKUP",
         "from refimpl.kernels.bits import sign_word",
         "from refimpl.kernels.fma import fma32",
@@ -309,7 +318,7 @@ def _epilogue_parameters(mode: str) -> str:
 def _fused_parameters(mode: str) -> str:
     gemm_args = "xflat, wflat, k_words, taps_off, bases" + (", wflat2, taps_off2, bases2" if mode == "down" else "")
     scratch = "xscratch, bscratch, ascratch" + (", ascratch2" if mode == "down" else "") + ", pxscratch"
-    return (f"{gemm_args}, {scratch}, pw, npw, alpha, scale, shift, tab, toff{_MODES[mode][0].replace(', a2, px2', '')}, out, bits,"
+    return (f"tile_fn, {gemm_args}, {scratch}, pw, npw, alpha, scale, shift, tab, toff{_MODES[mode][0].replace(', a2, px2', '')}, out, bits,"
             " pack, width, pad_h, pad_w")
 
 
@@ -352,14 +361,14 @@ def _fused_function(mode: str, counts: str, tables: list) -> list[str]:
     """``fused_<mode>_task``: tiles tile0 .. tile1-1 of the GEMM and the epilogue
     (``refimpl/engine/_drivers.py``'s ``fused_<mode>`` runs them in parallel)."""
     extra, form = _MODES[mode]
-    # np.int64(0), not 0: Numba types a literal argument as Literal[int](0) and compiled the tile
-    # once more for it (7 s a process) beside the driver's call (tiles_template.py does the same).
-    tile_call = "{tile}(xflat, {w}, k_words, {taps}, {bases}, n_out, n_pixels, first, np.int64(0), n_panels, xscratch[tid], bscratch[tid], {a}, first, {px})"
+    # The tile through its address (FUSED_TILE says why), called as it was when linked in.
+    # np.int64(0), not 0: Numba types a literal argument as Literal[int](0), another signature.
+    tile_call = "call_task(tile_fn, xflat, {w}, k_words, {taps}, {bases}, n_out, n_pixels, first, np.int64(0), n_panels, xscratch[tid], bscratch[tid], {a}, first, {px})"
     body = [
         "",
         "",
-        # No signature: compiled on first use (SIGNATURES above).
-        # SLP would re-pack the byte-lookup tile inlined here (refimpl/kernels/byte_dot.py).
+        # No signature: compiled on first use (SIGNATURES above). SLP stays off on the byte-lookup
+        # paths, as when the tile was inlined here (it re-packed the tile: refimpl/kernels/byte_dot.py).
         "@jit(loop_vectorize=True, slp_vectorize=not BYTE_LOOKUP, noalias=True)",
         f"def fused_{mode}_task(tile0, tile1, {_fused_parameters(mode)}):",
         "    # The popcount GEMM and the epilogue in one loop: a task is one tile of",
@@ -384,13 +393,11 @@ def _fused_function(mode: str, counts: str, tables: list) -> list[str]:
     body += [
         "    for tile in range(tile0, tile1):",
         f"        first = tile * {TILE_PIXELS}",
-        "        " + tile_call.format(tile=_TILE, w="wflat", taps="taps_off", bases="bases", a="at",
-                                      px=f"pxt[:{TILE_PIXELS}]"),
+        "        " + tile_call.format(w="wflat", taps="taps_off", bases="bases", a="at", px=f"pxt[:{TILE_PIXELS}]"),
     ]
     if mode == "down":
         body += [
-            "        " + tile_call.format(tile=_TILE, w="wflat2", taps="taps_off2", bases="bases2", a="at2",
-                                          px=f"pxt[{TILE_PIXELS}:]"),
+            "        " + tile_call.format(w="wflat2", taps="taps_off2", bases="bases2", a="at2", px=f"pxt[{TILE_PIXELS}:]"),
         ]
     body += [
         f"        for q in range(min({TILE_PIXELS}, n_pixels - first)):",

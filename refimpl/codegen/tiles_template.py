@@ -10,6 +10,7 @@ from ..kernels.tiling import (
     LAYOUTS,
     STEM_TILES,
     TILE_SHAPES,
+    fused_tile_function_name,
     gather_function_name,
     kernel_name,
     panel_function_name,
@@ -110,11 +111,23 @@ def _nhwc_kernel(P: int, Q: int) -> list[str]:
 
 
 def _nhwc_sources(P: int, Q: int) -> list[str]:
-    i1 = _I1
     tile = tile_function_name(P, Q)
+    # SLP re-packs the byte-lookup branch's hand-written vectors into a tile that spills.
+    lines = _nhwc_tile(P, Q, tile, "@jit(slp_vectorize=not BYTE_LOOKUP)")
+    # The engine's fused epilogue tasks call this copy at its address, compiled once for every
+    # genome (refimpl/codegen/epilogue_template.py, TILE_CALL_SIGNATURE), with the tasks' own
+    # options: linked into each task, the tile was optimized again with them, and a copy compiled
+    # with the tile's options ran 1-4% slower per layer in an interleaved comparison.
+    fused = fused_tile_function_name(P, Q)
+    lines += ["", ""] + _nhwc_tile(P, Q, fused, "@jit(loop_vectorize=True, slp_vectorize=not BYTE_LOOKUP)")
+    return lines + ["", ""] + _nhwc_kernel(P, Q)
+
+
+def _nhwc_tile(P: int, Q: int, tile: str, decorator: str) -> list[str]:
+    """The serial nhwc tile function ``tile`` under ``decorator``."""
+    i1 = _I1
     lines = [
-        # SLP re-packs the byte-lookup branch's hand-written vectors into a tile that spills.
-        "@jit(slp_vectorize=not BYTE_LOOKUP)",
+        decorator,
         f"def {tile}(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, first, panel0, panel1, xt, block, a, a_first, px):",
         f"{i1}# Pixels first .. first+{P - 1} (of n_pixels), panels [panel0, panel1); pixel r's",
         f"{i1}# channels go to a[(r - a_first) * n_out:], so ``a`` is the whole (N*Ho*Wo, O)",
@@ -132,7 +145,7 @@ def _nhwc_sources(P: int, Q: int) -> list[str]:
     ]
     lines += _byte_lookup_lanes(P, Q)
     lines += _nhwc_gather(P)
-    return lines + _nhwc_panels(P, Q) + ["", ""] + _nhwc_kernel(P, Q)
+    return lines + _nhwc_panels(P, Q)
 
 
 def _byte_lookup_panels(P: int, Q: int, call: str, pixels: str, channels: str) -> list[str]:

@@ -23,9 +23,10 @@ import tempfile
 import threading
 import types
 
-from ..codegen.epilogue_template import driver_signature, generate, task_signature
+from ..codegen.epilogue_template import FUSED_TILE, TILE_CALL_SIGNATURE, driver_signature, generate, task_signature
 from ..conventions import DEFAULT as DEFAULT_COUNTS
 from ..genome import Genome
+from ..kernels import _tiles
 from . import _drivers
 from .float_kernels import RUN_THREADS
 from .task_call import native_address
@@ -63,6 +64,22 @@ def _driver(name: str):
         return _compiled_driver(name)
 
 
+@functools.lru_cache(maxsize=None)
+def _compiled_tile() -> int:
+    fn = getattr(_tiles, FUSED_TILE)
+    fn.compile(TILE_CALL_SIGNATURE)
+    fn.disable_compile()
+    return native_address(fn)
+
+
+def tile_address() -> int:
+    """The address of ``_tiles.py``'s fused tile, the popcount tile that every genome's fused task
+    calls (``epilogue_template.py``'s ``FUSED_TILE`` says why), compiled (or loaded from Numba's
+    cache) once for every genome, for its one signature."""
+    with _COMPILE_LOCK:
+        return _compiled_tile()
+
+
 def kernel(module, name: str):
     """The kernel ``name`` (``epilogue_<mode>`` or ``fused_<mode>``) of a genome's module: the
     generic parallel loop of ``_drivers.py`` over the module's serial ``<name>_task``
@@ -80,22 +97,24 @@ def kernel(module, name: str):
             if not task.signatures:
                 task.compile(task_signature(name))
                 task.disable_compile()
-            kernels[name] = _Kernel(_driver(name), native_address(task))
+            lead = (tile_address(),) if name.startswith("fused_") else ()
+            kernels[name] = _Kernel(_driver(name), native_address(task), lead)
     return kernels[name]
 
 
 class _Kernel:
-    """A genome's kernel: its driver with the task's address and the run's thread count."""
+    """A genome's kernel: its driver with the task's address, the run's thread count and, for a
+    fused kernel, the popcount tile's address (``tile_address``) before the caller's arguments."""
 
-    __slots__ = ("driver", "task")
+    __slots__ = ("driver", "task", "lead")
 
-    def __init__(self, driver, task: int):
-        self.driver, self.task = driver, task
+    def __init__(self, driver, task: int, lead: tuple = ()):
+        self.driver, self.task, self.lead = driver, task, lead
 
     def __call__(self, *args):
         # RUN_THREADS: the engine reads Numba's thread count once a run (asking costs a lock);
         # the driver cannot ask, as a kernel that does is not cached.
-        self.driver(self.task, PARTS_PER_THREAD * RUN_THREADS[0], *args)
+        self.driver(self.task, PARTS_PER_THREAD * RUN_THREADS[0], *self.lead, *args)
 
 
 _LOADED: dict[str, object] = {}

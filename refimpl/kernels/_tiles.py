@@ -153,6 +153,75 @@ def tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, firs
                     a[(first - a_first + p) * n_out + panel * 8 + j] = np.int32(flat[p * 8 + j])
 
 
+@jit(loop_vectorize=True, slp_vectorize=not BYTE_LOOKUP)
+def fused_tile_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, n_pixels, first, panel0, panel1, xt, block, a, a_first, px):
+    # Pixels first .. first+15 (of n_pixels), panels [panel0, panel1); pixel r's
+    # channels go to a[(r - a_first) * n_out:], so ``a`` is the whole (N*Ho*Wo, O)
+    # array (a_first = 0) or a per-thread block of this tile's rows (a_first = first).
+    # px[p]: popcount of pixel p's window, taken while gathering it (the padded taps
+    # read the zero border: the in-bounds window sum of docs/design.md section 1).
+    n_taps = taps_off.shape[0]
+    steps = n_taps * k_words
+    if BYTE_LOOKUP:
+        for p in range(16):
+            src = np.uint64(bases[first + p])
+            total = 0
+            for t in range(n_taps):
+                for k in range(np.uint64(k_words)):
+                    word = xflat[src + np.uint64(taps_off[t]) + k]
+                    store_input_word(xt, (np.uint64(t) * np.uint64(k_words) + k) * np.uint64(16 * NIBBLES) + np.uint64(p),
+                                     np.uint64(16), word)
+                    total += popcount(word)
+            px[p] = np.float32(total)
+        for panel in range(panel0, panel1):
+            wo = panel * steps * 8 * NIBBLES
+            if first + 16 <= n_pixels and panel * 8 + 8 <= n_out:
+                for pp in range(0, 16, LANES * LANE_GROUPS):
+                    for qq in range(0, 8, LANE_CHANNELS):
+                        lanes_block_rows(xt, pp, 16 * NIBBLES, wflat, wo + qq, 1, 8 * NIBBLES, steps, a, (first - a_first + pp) * n_out + panel * 8 + qq, n_out, 1)
+            else:
+                flat = block.reshape(-1)
+                for pp in range(0, 16, LANES * LANE_GROUPS):
+                    for qq in range(0, 8, LANE_CHANNELS):
+                        lanes_block_rows(xt, pp, 16 * NIBBLES, wflat, wo + qq, 1, 8 * NIBBLES, steps, flat, pp * 8 + qq, 8, 1)
+                for p in range(min(16, n_pixels - first)):
+                    for j in range(min(8, n_out - panel * 8)):
+                        a[(first - a_first + p) * n_out + panel * 8 + j] = np.int32(flat[p * 8 + j])
+        return
+    if k_words == 1:
+        for p in range(16):
+            src = np.uint64(bases[first + p])
+            dst = np.uint64(p * n_taps)
+            total = 0
+            for t in range(n_taps):
+                word = xflat[src + np.uint64(taps_off[t])]
+                xt[dst + np.uint64(t)] = word
+                total += popcount(word)
+            px[p] = np.float32(total)
+    else:
+        for p in range(16):
+            total = 0
+            base = np.uint64(bases[first + p])
+            for t in range(n_taps):
+                src = base + np.uint64(taps_off[t])
+                dst = np.uint64((p * n_taps + t) * k_words)
+                for k in range(np.uint64(k_words)):
+                    word = xflat[src + k]
+                    xt[dst + k] = word
+                    total += popcount(word)
+            px[p] = np.float32(total)
+    for panel in range(panel0, panel1):
+        wo = panel * steps * 8
+        if first + 16 <= n_pixels and panel * 8 + 8 <= n_out:
+            _OUTER_16x8_CHANNELS(xt, np.int64(0), steps, wflat, wo, steps, a, (first - a_first) * n_out + panel * 8, n_out)
+        else:
+            flat = block.reshape(-1)
+            _OUTER_16x8_CHANNELS(xt, np.int64(0), steps, wflat, wo, steps, flat, np.int64(0), np.int64(8))
+            for p in range(min(16, n_pixels - first)):
+                for j in range(min(8, n_out - panel * 8)):
+                    a[(first - a_first + p) * n_out + panel * 8 + j] = np.int32(flat[p * 8 + j])
+
+
 @jit(parallel=True, slp_vectorize=not BYTE_LOOKUP)
 def tiles_16x8_nhwc(xflat, wflat, k_words, taps_off, bases, n_out, positions, group_panels, xscratch, bscratch, a,
                    px):

@@ -46,9 +46,15 @@ def panel_function_name(pixels: int, channels: int) -> str:
 
 
 def tile_function_name(pixels: int, channels: int) -> str:
-    """The serial nhwc tile: one tile of P pixels over a range of panels (the engine's fused
-    epilogue kernels call it, as does the parallel ``kernel_name(P, Q, "nhwc")``)."""
+    """The serial nhwc tile: one tile of P pixels over a range of panels (the parallel
+    ``kernel_name(P, Q, "nhwc")`` calls it)."""
     return f"tile_{pixels}x{channels}_nhwc"
+
+
+def fused_tile_function_name(pixels: int, channels: int) -> str:
+    """The same tile compiled with the options of the engine's fused epilogue tasks, which call
+    it at its address (refimpl/codegen/epilogue_template.py, TILE_CALL_SIGNATURE)."""
+    return f"fused_tile_{pixels}x{channels}_nhwc"
 
 
 def stem_tile_name(pixels: int, channels: int) -> str:
