@@ -120,6 +120,11 @@ SIGNATURES = {
 FUSED_TILE = fused_tile_function_name(TILE_PIXELS, TILE_CHANNELS)
 TILE_CALL_SIGNATURE = "void(u8[::1], u8[::1], i8, i8[::1], i8[::1], i8, i8, i8, i8, i8, u8[::1], u8[:, ::1], i4[::1], i8, f4[::1])"
 
+# A genome's tasks are called only at their machine address, by the drivers (refimpl/engine/
+# task_call.py), never from Python: Numba's Python wrapper, which unboxes each of a task's 20-30
+# arrays, was 0.05-0.08 s of each task's first compile (about a tenth), so it is not built.
+_NO_WRAPPER = ", no_cpython_wrapper=True"
+
 _MODES = {
     # residual mode -> (extra parameters, how y is formed)
     "none": ("", "fma32(m, scale[o], shift[o])"),
@@ -331,7 +336,8 @@ def _epilogue_function(mode: str, counts: str, tables: list) -> list[str]:
         "",
         # noalias: out and bits share memory with no other argument (plan.py), and LLVM needs
         # that promise to vectorize the table lookups (refimpl/_jit.py's _noalias).
-        "@jit(loop_vectorize=True, noalias=True)",
+        # no_cpython_wrapper: a task is only called at its address (_NO_WRAPPER says why).
+        f"@jit(loop_vectorize=True, noalias=True{_NO_WRAPPER})",
         f"def epilogue_{mode}_task(task0, task1, {_epilogue_parameters(mode)}):",
         "    # Channels last: a (N, P, O) int32; px (N, P), pw and npw = n - pw (P, O) float32;",
         "    # out (N, P, O); bits (N, Hp, Wp, K) uint64 with zero borders, written when pack is True.",
@@ -369,7 +375,7 @@ def _fused_function(mode: str, counts: str, tables: list) -> list[str]:
         "",
         # No signature: compiled on first use (SIGNATURES above). SLP stays off on the byte-lookup
         # paths, as when the tile was inlined here (it re-packed the tile: refimpl/kernels/byte_dot.py).
-        "@jit(loop_vectorize=True, slp_vectorize=not BYTE_LOOKUP, noalias=True)",
+        f"@jit(loop_vectorize=True, slp_vectorize=not BYTE_LOOKUP, noalias=True{_NO_WRAPPER})",
         f"def fused_{mode}_task(tile0, tile1, {_fused_parameters(mode)}):",
         "    # The popcount GEMM and the epilogue in one loop: a task is one tile of",
         f"    # {TILE_PIXELS} pixels with all their channels; its int32 ``a`` rows go to a per-thread block",
