@@ -80,39 +80,8 @@ def _csv(values) -> str:
 NEW_RUN_ONLY = ("run_dir", "preset")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``python -m bnn.search`` (flags in the groups search, fitness training, running)."""
-    p = _Parser(
-        prog="python -m bnn.search",
-        description="Search similarity measures for BNNs with the paper's genetic algorithm (Algorithm 1). "
-                    "With no arguments: a small search on the embedded digits data set (a few minutes on a CPU).",
-    )
-    a = p.add_argument
-    a("--preset", choices=sorted(PRESETS),
-      help=f"digits (default): small CPU search; paper: CIFAR-10, ResNet-18, S={PAPER_POPULATION}, "
-           f"{FITNESS.epochs} epochs, the paper's thresholds, all GPUs")
-    g = p.add_argument_group("search")
-    g.add_argument("--population", type=_positive, help=f"population size S (digits preset: {PRESETS['digits']['population']}, paper: {PAPER_POPULATION})")
-    g.add_argument("--seed", type=seed_int, help="GA seed, 0..2**63-1 (default 0)")
-    g.add_argument("--thresholds", type=_floats, help=f"early-rejection thresholds T as fractions, e.g. {_csv(FITNESS.thresholds)} (the paper's)")
-    g.add_argument("--threshold-steps", type=_ints,
-                   help=f"evaluation index at which each threshold takes over, e.g. {_csv(FITNESS.threshold_steps)}")
-    g.add_argument("--max-evaluations", type=_positive, help=f"stop after this many candidates (cache hits count){_preset_limit('max_evaluations')}")
-    g.add_argument("--max-trainings", type=_positive, help=f"stop after this many trainings{_preset_limit('max_trainings')}")
-    g.add_argument("--max-minutes", type=positive_float,
-                   help="stop proposing after this many minutes, a finite number > 0 (running trainings finish; "
-                        f"--resume continues){_preset_limit('max_minutes')}")
-    g.add_argument("--patience", type=_positive,
-                   help=f"stop after K consecutive children fail to enter the population{_preset_limit('patience')}")
-    g.add_argument("--paper-faithful", action="store_true",
-                   help="Algorithm 1 as written: no cache, no functional equivalence, no screening (every "
-                        "candidate is trained), and a genome already in the population may enter again")
-    g.add_argument("--no-cache", action="store_true", help="train genomes seen before again")
-    g.add_argument("--no-equivalence", action="store_true", help="do not reuse fitness of functionally equal measures")
-    g.add_argument("--no-screening", action="store_true", help="train constant and mostly non-finite measures too")
-    g.add_argument("--reuse", action="append", metavar="RUN_DIR", default=None,
-                   help="reuse trainings journaled by an earlier run of the same training setting (repeatable)")
-    t = p.add_argument_group("fitness training")
+def _add_training_flags(t) -> None:
+    """The flags of the fitness trainings (the parser's "fitness training" group ``t``)."""
     t.add_argument("--dataset", type=dataset_arg, metavar="{" + ",".join(DATASETS) + "}",
                    help="data set of the fitness trainings (default: the preset's)")
     t.add_argument("--data-dir", help="folder holding the data files (default: $BNN_DATA_DIR or ./data)")
@@ -145,6 +114,41 @@ def build_parser() -> argparse.ArgumentParser:
                         "every genome), graphs (CUDA graphs, a compile per genome); default auto: compiled on CUDA, "
                         "eager on the CPU")
     t.add_argument("--fitness", help=argparse.SUPPRESS)  # testing: synthetic:SEED[,delay=S][,die_once=PATH]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m bnn.search`` (flags in the groups search, fitness training, running)."""
+    p = _Parser(
+        prog="python -m bnn.search",
+        description="Search similarity measures for BNNs with the paper's genetic algorithm (Algorithm 1). "
+                    "With no arguments: a small search on the embedded digits data set (a few minutes on a CPU).",
+    )
+    a = p.add_argument
+    a("--preset", choices=sorted(PRESETS),
+      help=f"digits (default): small CPU search; paper: CIFAR-10, ResNet-18, S={PAPER_POPULATION}, "
+           f"{FITNESS.epochs} epochs, the paper's thresholds, all GPUs")
+    g = p.add_argument_group("search")
+    g.add_argument("--population", type=_positive, help=f"population size S (digits preset: {PRESETS['digits']['population']}, paper: {PAPER_POPULATION})")
+    g.add_argument("--seed", type=seed_int, help="GA seed, 0..2**63-1 (default 0)")
+    g.add_argument("--thresholds", type=_floats, help=f"early-rejection thresholds T as fractions, e.g. {_csv(FITNESS.thresholds)} (the paper's)")
+    g.add_argument("--threshold-steps", type=_ints,
+                   help=f"evaluation index at which each threshold takes over, e.g. {_csv(FITNESS.threshold_steps)}")
+    g.add_argument("--max-evaluations", type=_positive, help=f"stop after this many candidates (cache hits count){_preset_limit('max_evaluations')}")
+    g.add_argument("--max-trainings", type=_positive, help=f"stop after this many trainings{_preset_limit('max_trainings')}")
+    g.add_argument("--max-minutes", type=positive_float,
+                   help="stop proposing after this many minutes, a finite number > 0 (running trainings finish; "
+                        f"--resume continues){_preset_limit('max_minutes')}")
+    g.add_argument("--patience", type=_positive,
+                   help=f"stop after K consecutive children fail to enter the population{_preset_limit('patience')}")
+    g.add_argument("--paper-faithful", action="store_true",
+                   help="Algorithm 1 as written: no cache, no functional equivalence, no screening (every "
+                        "candidate is trained), and a genome already in the population may enter again")
+    g.add_argument("--no-cache", action="store_true", help="train genomes seen before again")
+    g.add_argument("--no-equivalence", action="store_true", help="do not reuse fitness of functionally equal measures")
+    g.add_argument("--no-screening", action="store_true", help="train constant and mostly non-finite measures too")
+    g.add_argument("--reuse", action="append", metavar="RUN_DIR", default=None,
+                   help="reuse trainings journaled by an earlier run of the same training setting (repeatable)")
+    _add_training_flags(p.add_argument_group("fitness training"))
     r = p.add_argument_group("running")
     r.add_argument("--workers", type=_positive, help="parallel workers (one per GPU; default: GPUs for --preset paper, else 1)")
     r.add_argument("--workers-per-device", type=_positive, metavar="K",
