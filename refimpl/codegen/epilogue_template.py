@@ -122,7 +122,8 @@ TILE_CALL_SIGNATURE = "void(u8[::1], u8[::1], i8, i8[::1], i8[::1], i8, i8, i8, 
 
 # A genome's tasks are called only at their machine address, by the drivers (refimpl/engine/
 # task_call.py), never from Python: Numba's Python wrapper, which unboxes each of a task's 20-30
-# arrays, was 0.05-0.08 s of each task's first compile (about a tenth), so it is not built.
+# arrays, was 0.05-0.08 s of each task's first compile (about a tenth), so it is not built
+# (nor ``measure_t``'s, which only the kernels call).
 _NO_WRAPPER = ", no_cpython_wrapper=True"
 
 _MODES = {
@@ -290,7 +291,7 @@ def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:
         "            out[i, o, s] = measure(A, B, C, D, alpha[0, o], alpha[1, o], alpha[2, o], alpha[3, o])",
         "",
         "",
-        "@jit(loop_vectorize=True)",
+        f"@jit(loop_vectorize=True{_NO_WRAPPER})  # called from the kernels only",
         f"def measure_t(a, b, c, d, {t_params}al0, al1, al2, al3):",
         "    # The measure with its one-count subtrees looked up (T<k> = table k at the count).",
         f"    return {tabled}",
