@@ -411,7 +411,10 @@ class Search:
         # This process's evaluations only (a resumed run replays the rest); includes one-time
         # warm-up (Numba, imports), so it is meaningful for long runs and the synthetic bench.
         done_here = evals - self.replayed
-        engine = time.time() - self.t_run - self.busy_s
+        # Workers train in parallel, so their busy seconds are shared over the slots: what is left of
+        # the wall time is the engine's own work and the slots' idle time (never below 0 by summing).
+        slots = max(1, int(getattr(self.evaluator, "slots", 1) or 1))
+        engine = time.time() - self.t_run - self.busy_s / slots
         return _clean({
             "best": best,
             **self.summary_counts(),
