@@ -11,7 +11,9 @@ Columns: images/s at the batch, ms at batch 1, time relative to the engine's bas
 batch 1), how many times faster than torch float32 at the batch, and the epilogue's share of the
 network time, with every unit run in two passes so that its epilogue is separable: (binary units'
 time - their popcount GEMMs timed alone, right after) / network time (the fused path, timed in
-the rounds, runs GEMM and epilogue per tile, where they do not separate). ``first run s``: from
+the rounds, runs GEMM and epilogue per tile, where they do not separate). ``tables``: the
+measure's lookup tables, one table lookup (a gather) per output each, most of what a measure
+costs over the baseline (docs/performance.md, searched measures). ``first run s``: from
 ``engine.load`` to the first batch-1 output, compile included; with ``--cold`` every genome is
 compiled into a fresh, empty epilogue cache, as a never-seen genome is.
 """
@@ -175,7 +177,7 @@ def run_measures(args) -> int:
           f"{load[2]:.2f} (other processes share the cores: read the ratios)")
     print(f"binary {args.model} {'x'.join(map(str, shape))}, {args.downsample} downsampling; medians of {args.rounds} interleaved "
           f"rounds (batch 1: five runs each per round, then batch {args.batch}: one run each)\n")
-    head = (f"{'measure':10s} {'genome':15s} {'img/s b' + str(args.batch):>10s} {'ms b1':>7s} "
+    head = (f"{'measure':10s} {'genome':15s} {'tables':>6s} {'img/s b' + str(args.batch):>10s} {'ms b1':>7s} "
             f"{'vs baseline b' + str(args.batch) + '/b1':>20s} {'vs torch b' + str(args.batch):>12s} "
             f"{'epilogue share b' + str(args.batch) + '/b1':>22s} {'first run s':>11s} {'CPU time vs baseline':>21s}")
     print(head)
@@ -183,10 +185,11 @@ def run_measures(args) -> int:
         share_b = _epilogue_share(eng, xb)
         share_1 = _epilogue_share(eng, x1, runs=9)
         rel = f"{thr[name] / thr['baseline']:.2f} / {lat[name] / lat['baseline']:.2f}"
-        print(f"{name:10s} {str(Genome.parse(name)):15s} {args.batch / thr[name]:10.0f} {lat[name] * 1e3:7.2f} "
+        print(f"{name:10s} {str(Genome.parse(name)):15s} {eng._epilogue.N_TABLES:6d} {args.batch / thr[name]:10.0f} "
+              f"{lat[name] * 1e3:7.2f} "
               f"{rel:>20s} {thr['torch'] / thr[name]:11.2f}x {f'{share_b:.0%} / {share_1:.0%}':>22s} "
               f"{first[name]:11.2f} {thr_cpu[name] / thr_cpu['baseline']:10.2f} / {lat_cpu[name] / lat_cpu['baseline']:.2f}")
-    print(f"{'torch f32':10s} {'(float)':15s} {args.batch / thr['torch']:10.0f} {lat['torch'] * 1e3:7.2f} "
+    print(f"{'torch f32':10s} {'(float)':15s} {'':6s} {args.batch / thr['torch']:10.0f} {lat['torch'] * 1e3:7.2f} "
           f"{thr['torch'] / thr['baseline']:.2f} / {lat['torch'] / lat['baseline']:.2f}".rstrip())
     print("\nCPU time: the process's CPU seconds of the same runs (both threads; immune to waiting for a core "
           "that another process holds)")
