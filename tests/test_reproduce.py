@@ -86,6 +86,25 @@ def test_a_root_finished_under_one_convention_is_refused_under_another(tmp_path,
     assert reproduce.default_root(None) == os.path.join("runs", "reproduce")
 
 
+def test_a_started_cell_recorded_before_measure_impl_continues_eager(tmp_path, capsys):
+    import torch
+
+    data = make_cifar(tmp_path / "data", "cifar10", per_batch=4)
+    root = str(tmp_path / "runs")
+    args = ["--data-dir", data, "--cells", "cifar10/nin/baseline", "--root", root, "--val-size", "4", "--device", "cpu",
+            "--no-progress"]
+    assert reproduce.main([*args, "--epochs", "1"]) == 0
+    cell = os.path.join(root, "cifar10", "nin", "baseline")
+    assert json.load(open(os.path.join(cell, "summary.json")))["config"]["measure_impl"] == "fused"
+    os.remove(os.path.join(cell, "summary.json"))  # started, not finished
+    ckpt = torch.load(os.path.join(cell, "checkpoint.pt"), weights_only=True)
+    del ckpt["config"]["measure_impl"]  # as a cell started before the setting: trained eager
+    torch.save(ckpt, os.path.join(cell, "checkpoint.pt"))
+    assert reproduce.main([*args, "--epochs", "2"]) == 0  # resumed, not refused
+    summary = json.load(open(os.path.join(cell, "summary.json")))
+    assert summary["epochs"] == 2 and summary["config"]["measure_impl"] == "eager"
+
+
 def test_bad_cells_are_one_line_errors(capsys):
     assert reproduce.main(["--cells", "nothing/here", "--list"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
