@@ -9,7 +9,9 @@ So each genome module now holds serial tasks (``<kernel>_task(first, last, ...)`
 compiled and cached once for every genome. A driver receives the task as the machine address
 of its compiled code, an ``int64``, and calls it with Numba's own calling convention
 (``call_task``): passing the task as a first-class function instead cost 7-37 us a call in
-Python's dispatch, more than the parallel loop itself at batch 1.
+Python's dispatch, more than the parallel loop itself at batch 1. A fused task calls the popcount
+tile the same way, at the address of one copy compiled for every genome
+(``refimpl/engine/epilogue.py``'s ``tile_address``), so no genome's compile repeats the tile.
 
 The address is only valid for a task compiled with exactly the driver's argument types:
 ``refimpl/engine/epilogue.py``'s ``kernel`` compiles both from one signature and disables

@@ -19,7 +19,7 @@ operands, within the 32 AVX-512 registers.
 
 The same tile as 128 named scalar accumulators left LLVM's SLP vectorizer to find these vectors:
 the same instructions, but 3-11 s of compile per process, again inside every generated epilogue
-that inlines the tile (docs/performance.md, Compile time). Counts are integers: any form gives the
+that linked the tile in (docs/performance.md, Compile time; they now call one cached copy). Counts are integers: any form gives the
 same bits.
 """
 from __future__ import annotations
