@@ -171,13 +171,16 @@ def test_a_journal_from_before_conventions_resumes_as_raw(tmp_path):
     assert r.returncode == 2 and "counts is 'raw' in the journal" in r.stderr
 
 
-def test_a_new_search_records_the_fused_measure_and_a_journal_without_it_resumes_eager(tmp_path):
+def test_a_search_records_its_measure_path_and_a_journal_without_it_resumes_eager(tmp_path):
     from bnn.search.fitness import fitness_config
     from bnn.search.loop import Search, SearchConfig
 
-    d = tmp_path / "run"
     small = [a if a != "300" else "20" for a in SYN]
-    assert cli(*small, "--run-dir", str(d)).returncode == 0
+    assert cli(*small, "--run-dir", str(tmp_path / "default")).returncode == 0
+    start = json.loads((tmp_path / "default" / "journal.jsonl").read_text().splitlines()[0])
+    assert start["config"]["measure_impl"] == "eager"  # a new genome per candidate: no compile to pay
+    d = tmp_path / "run"
+    assert cli(*small, "--measure-impl", "fused", "--run-dir", str(d)).returncode == 0
     journal = d / "journal.jsonl"
     lines = journal.read_text().splitlines(keepends=True)
     start = json.loads(lines[0])

@@ -95,9 +95,9 @@ def _add_training_flags(t) -> None:
                    help="count convention of every candidate (docs/design.md section 2): raw (default, the paper's "
                         "equations), freq (a/n, ...) or laplace ((a+1)/(n+4), ...)")
     t.add_argument("--measure-impl", choices=MEASURE_IMPLS,
-                   help="how the measure runs in a fitness training (bnn.train --measure-impl): fused (a new search's "
-                        "default) or eager; fixed by the journal on --resume (eager for a journal written before the "
-                        "option)")
+                   help="how the measure runs in a fitness training (bnn.train --measure-impl): eager (the search's "
+                        "default: each candidate is a new genome, and fused compiles two kernels per genome, more "
+                        "than a short fitness training saves) or fused; fixed by the journal on --resume")
     t.add_argument("--epochs", type=_positive, help=f"epochs of a full fitness training (digits preset: {PRESETS['digits']['epochs']}, "
                                                     f"paper: {FITNESS.epochs})")
     t.add_argument("--batch-size", type=_positive, help=f"batch size (default {FITNESS.batch_size})")
