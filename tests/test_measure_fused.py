@@ -30,8 +30,27 @@ def _bits(t):
     return t.detach().contiguous().numpy().view(np.uint32)
 
 
-@pytest.mark.parametrize("counts", CONVENTIONS)
-@pytest.mark.parametrize("genome", _latin_genomes())
+def _sum_genomes():
+    # Every unary code in some slot, the three binary operators additions: the gradient reaching each
+    # slot is the upstream one exactly, so a slot's gradient is its derivative table's entry.
+    return ["-".join(map(str, [(4 * j + s) % len(UNARY) for s in range(4)] + [0, 0, 0])) for j in range(5)]
+
+
+def _converted_genomes():
+    # Under freq and laplace a table is the raw one's code after the conversion: every unary code
+    # once (_sum_genomes: 5 genomes, 4 tables each), the gate operators whose 1 + exp(-y) is tabled
+    # (binary codes 10 and 11 in B2 and B3), and M5, M9. Raw keeps the 18-genome Latin square (every
+    # code in every slot). Each (genome, convention) compiles two modules of ~2 s: the whole square
+    # under three conventions was 5 min of a fresh CI clone's CPU.
+    return _sum_genomes() + ["5-6-7-8-5-10-1", "6-7-8-9-6-11-2", "0-1-2-3-0-5-10", "M5", "M9", "3-0-0-0-8-9-0"]
+
+
+def _cases(raw_genomes):
+    return ([(g, "raw") for g in raw_genomes]
+            + [(g, c) for c in CONVENTIONS if c != "raw" for g in _converted_genomes()])
+
+
+@pytest.mark.parametrize("genome, counts", _cases(_latin_genomes()))
 def test_fused_forward_is_the_eager_measure_and_tables_change_no_bit(genome, counts):
     # Counts of every size in each convention; the eager measure in float32 is the reference, to a
     # few ulps (libm) and with the same non-finite values. The tabled kernels look every table entry
@@ -46,12 +65,6 @@ def test_fused_forward_is_the_eager_measure_and_tables_change_no_bit(genome, cou
     np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-5, atol=1e-6 * np.abs(expected[finite]).max())
     tabled = apply(genome, *raw, alpha, counts, n, tabled=True)
     np.testing.assert_array_equal(_bits(tabled), got.view(np.uint32))
-
-
-def _sum_genomes():
-    # Every unary code in some slot, the three binary operators additions: the gradient reaching each
-    # slot is the upstream one exactly, so a slot's gradient is its derivative table's entry.
-    return ["-".join(map(str, [(4 * j + s) % len(UNARY) for s in range(4)] + [0, 0, 0])) for j in range(5)]
 
 
 @pytest.mark.parametrize("counts", CONVENTIONS)
@@ -103,8 +116,7 @@ def _grads(fn, counts, alpha, upstream):
     return [None if g is None else g.double().numpy() for g in grads]
 
 
-@pytest.mark.parametrize("counts", CONVENTIONS)
-@pytest.mark.parametrize("genome", _latin_genomes() + ["M5", "M9", "3-0-0-0-8-9-0"])
+@pytest.mark.parametrize("genome, counts", _cases(_latin_genomes() + ["M5", "M9", "3-0-0-0-8-9-0"]))
 def test_fused_gradients_are_autograds(genome, counts):
     # Positive non-integer counts (no log(0), no 0/0) and integer ones (ties of max and min), the
     # latter through the tables too; the windows' sizes vary by position (several table rows).
