@@ -20,12 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
+import statistics
 import sys
 from pathlib import Path
 
-from refimpl.fileio import OutputError, open_regular, read_regular
+from refimpl.fileio import OutputError, read_regular
 
+from .._evidence_journal import append_line
 from .._stats import mean, spearman
 from ..runlock import RunDirInUse, hold_run_dir
 from .journal import JOURNAL, JournalError, read
@@ -37,14 +38,6 @@ _TRAINED = "train"
 
 class CostError(ValueError):
     """A refused input: one ``error:`` line, exit status 2."""
-
-
-def _median(xs: list[float]) -> float | None:
-    s = sorted(xs)
-    if not s:
-        return None
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
 
 
 def _segments_wall(events: list[dict]) -> float:
@@ -74,7 +67,7 @@ def cost(events: list[dict]) -> dict:
     for status in sorted({str(r.get("status")) for r in trained}):
         secs = [float(r["wall_s"]) for r in trained if str(r.get("status")) == status
                 and isinstance(r.get("wall_s"), (int, float))]
-        outcomes[status] = {"n": len(secs), "median_s": _median(secs), "mean_s": mean(secs), "total_s": sum(secs)}
+        outcomes[status] = {"n": len(secs), "median_s": statistics.median(secs) if secs else None, "mean_s": mean(secs), "total_s": sum(secs)}
     train_s = sum(o["total_s"] for o in outcomes.values())
     wall = _segments_wall(events)
     return {"evaluations": len(results), "trainings": len(trained), "by_source": by_source,
@@ -115,15 +108,6 @@ def read_extra(run_dir: Path) -> dict[str, dict]:
             raise CostError(f"{path}: line {i + 1} is not a fitness record; move the file away to score again")
         out[rec["key"]] = rec
     return out
-
-
-def _append(run_dir: Path, rec: dict) -> None:
-    fd = open_regular(run_dir / EXTRA, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, (json.dumps(rec, sort_keys=True) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def grid_rows(root: str) -> list[dict]:
@@ -174,7 +158,7 @@ def score_missing(run_dir: Path, config: dict, rows: list[dict], known: dict[str
         rec = {"key": _key(r["genome"], counts), "genome": r["genome"], "counts": counts,
                "fitness": fit if math.isfinite(fit) else None, "status": res.get("status"),
                "val_acc_per_epoch": res.get("val_acc_per_epoch"), "wall_s": res.get("wall_s")}
-        _append(run_dir, rec)
+        append_line(str(run_dir / EXTRA), rec)
         if rec["fitness"] is not None:
             known[rec["key"]] = rec["fitness"]
 
