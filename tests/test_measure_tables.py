@@ -205,24 +205,131 @@ def test_exported_models_give_the_same_bits_with_and_without_tables(tmp_path, na
 
 
 def test_the_model_comparison_sees_one_table_entry_one_ulp_off(tmp_path):
-    tabled, untabled = _model_pair(tmp_path, "M1", "binary", "raw")
+    # M6 = b**3 / (1 + exp(-c)) / (a**3 + d): its table of c (table 1), which a division keeps to
+    # the ulp. Not a cube: this small network's windows (at most 72 bits) take their cubes as
+    # products, never from the tables.
+    tabled, untabled = _model_pair(tmp_path, "M6", "binary", "raw")
     x = _digits(64)
     assert _differences(tabled, untabled, x) == []
-    # The most used entry of b**3 (table 0) in the first unit, one ulp up; not b = 0, whose ulp
-    # (a denormal) vanishes in b**3 - c. (Later units add a residual of about 1 that absorbs an
-    # ulp of this network's small measure terms, which is why every unit's output is compared.)
+    # The most used entry of the table in the first unit, one ulp up. (Later units add a residual
+    # of about 1 that absorbs an ulp of this network's small measure terms, which is why every
+    # unit's output is compared.)
     _, record = tabled.run(x, debug=True)
     first = record[0]
-    values, uses = np.unique(first["b"][first["b"] > 0], return_counts=True)
+    values, uses = np.unique(first["c"], return_counts=True)
     x_most = int(values[uses.argmax()])
     step = next(s for s in tabled._plan(64).steps if getattr(getattr(s, "layer", None), "conv", None) is not None
                 and s.layer.conv.name == first["name"])
     tab = step.whole[0].tab
-    assert tab.shape[0] == 2 and not step.whole[0].toff.any()  # b**3, a**3; raw: one row
-    saved = tab[0, x_most]
+    assert tab.shape[0] == 3 and not step.whole[0].toff.any()  # b**3, 1 + exp(-c), a**3; raw: one row
+    saved = tab[1, x_most]
     try:
-        tab[0, x_most] = np.nextafter(saved, np.float32(np.inf))
+        tab[1, x_most] = np.nextafter(saved, np.float32(np.inf))
         assert first["name"] in _differences(tabled, untabled, x)
     finally:
-        tab[0, x_most] = saved
+        tab[1, x_most] = saved
     assert _differences(tabled, untabled, x) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Cubes of raw counts as products below the exact limit, lookups at and above it
+
+
+def test_exact_cube_limit_is_the_first_count_whose_reference_cube_is_not_the_product():
+    # The reference's cube alone: (a**3 + 0) + (0 + 0) under the add operator, in float32.
+    x = np.arange(4097, dtype=np.int64).reshape(1, 1, -1)
+    zero = np.zeros_like(x)
+    cube = measure("3-1-1-1-0-0-0", x, zero, zero, zero, dtype=np.float32)
+    xf = x.astype(np.float32)
+    differs = np.flatnonzero(_bits(cube) != _bits((xf * xf) * xf))
+    expected = int(differs[0]) if differs.size else mt.CUBE_SEARCH_END
+    assert mt.exact_cube_limit() == expected
+    assert mt.exact_cube_limit() > 64  # a cube below 2**24 is exact: the first ties come later
+
+
+def test_cube_count_is_raw_counts_cubed_only():
+    tree, found = mt.split(Genome.parse("M5").expression())  # erf(c), a**3, exp(-d**2)
+    assert [mt.cube_count(node, "raw") for _, node in found] == [None, "a", None]
+    assert [mt.cube_count(node, "laplace") for _, node in found] == [None, None, None]
+
+
+# Every genome here cubes a count: M1, M7 two of them, M5 one beside other tables, M6 with a
+# table of c between its cubes; the last cubes all four counts.
+CUBE_GENOMES = ["M1", "M5", "M6", "M7", "3-3-3-3-0-1-6"]
+
+
+def _pixel(rng, n_out: int, fast: bool):
+    """(a, b, c, d) int64 (n_out,) of one pixel, px = a + c the same in every channel: every
+    count below the cube limit when ``fast``, else a, c over [0, 700] and b, d over [0, 500]."""
+    top_ac, top_bd = (mt.exact_cube_limit() - 1,) * 2 if fast else (700, 500)
+    a = rng.integers(0, top_ac + 1, n_out)
+    b, d = rng.integers(0, top_bd + 1, (2, n_out))
+    return a, b, top_ac - a, d
+
+
+def _run_epilogue(mod, a, b, c, d, alpha, tab=None):
+    """The generated ``epilogue_none`` of one image, counts (P, O) per pixel and channel, with
+    scale 1 and shift 0 (so y = fma(m, 1, 0) = m); (out (P, O), the tables it used)."""
+    px = (a + c)[:, 0]
+    assert ((a + c) == px[:, None]).all()  # the engine's px is one value a pixel
+    pw, npw = a + b, c + d
+    P, n_out = a.shape
+    if tab is None:
+        tab = measure_tables(mod, (pw + npw).reshape(-1))[0].copy()
+    out = np.empty((1, P, n_out), np.float32)
+    epilogue.kernel(mod, "epilogue_none")(
+        a[None].astype(np.int32), px[None].astype(np.float32), pw.astype(np.float32), npw.astype(np.float32),
+        alpha, np.ones(n_out, np.float32), np.zeros(n_out, np.float32), tab, np.zeros(P, np.int64), out,
+        np.zeros((1, 1, 1, 1), np.uint64), False, P, 0, 0, 1)
+    return out[0], tab
+
+
+@pytest.mark.parametrize("genome", CUBE_GENOMES)
+def test_epilogue_cubes_as_products_or_lookups_equal_refimpl_measure(genome):
+    # Pixels 0, 2, 3 have every count below the limit (products), pixels 1, 4 do not (lookups);
+    # 70 channels: four vectors of 16 and a remainder.
+    rng = np.random.default_rng(11)
+    fast = [True, False, True, True, False]
+    mod = epilogue.load(genome, "raw")
+    assert mod.CUBE_TABLES and mod.CUBE_EXACT == mt.exact_cube_limit()
+    a, b, c, d = (np.stack(v) for v in zip(*(_pixel(rng, 70, f) for f in fast)))
+    assert [bool((np.stack([a, b, c, d])[:, p] < mt.exact_cube_limit()).all()) for p in range(5)] == fast
+    alpha = rng.uniform(-2, 2, (4, 70)).astype(np.float32)
+    out, _ = _run_epilogue(mod, a, b, c, d, alpha)
+    expected = measure(genome, *(v.T[None] for v in (a, b, c, d)), alpha=alpha, dtype=np.float32)[0].T
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
+    np.testing.assert_array_equal(out, expected)  # infinities with their signs, finite values exactly
+
+
+def test_one_count_at_the_limit_sends_its_pixel_to_the_tables():
+    # M1 = (b**3 - c) / (a**3 + d) cubes a and b (table 0 is b**3). Both pixels have b = 20
+    # everywhere; pixel 1 has one a at the limit. An entry b = 20 made one ulp off changes
+    # pixel 1 (it reads its cubes from the tables), not pixel 0 (it takes products).
+    limit = mt.exact_cube_limit()
+    mod = epilogue.load("M1", "raw")
+    a = np.full((2, 16), 10)
+    a[1, 5] = limit
+    b, d = np.full((2, 16), 20), np.full((2, 16), 40)
+    c = np.array([[30], [limit + 30]]) - a  # c is not cubed in M1: any size
+    alpha = np.zeros((4, 16), np.float32)
+    clean, tab = _run_epilogue(mod, a, b, c, d, alpha)
+    expected = measure("M1", *(v.T[None] for v in (a, b, c, d)), alpha=alpha, dtype=np.float32)[0].T
+    np.testing.assert_array_equal(clean, expected)
+    tab[0, 20] = np.nextafter(tab[0, 20], np.float32(np.inf))
+    touched, _ = _run_epilogue(mod, a, b, c, d, alpha, tab)
+    assert np.array_equal(_bits(touched[0]), _bits(clean[0]))
+    assert not np.array_equal(_bits(touched[1]), _bits(clean[1]))
+
+
+def test_plan_refuses_a_cube_table_that_is_not_its_product(monkeypatch):
+    mod = epilogue.load("M1", "raw")
+    build = mod.build_tables
+
+    def off_by_one_ulp(ns, out):
+        build(ns, out)
+        out[1, 0, 7] = np.nextafter(out[1, 0, 7], np.float32(np.inf))
+
+    monkeypatch.setattr(mod, "build_tables", off_by_one_ulp)
+    monkeypatch.setattr(mod, "_TABLES", {})
+    with pytest.raises(RuntimeError, match="cube table"):
+        measure_tables(mod, np.array([100, 90]))

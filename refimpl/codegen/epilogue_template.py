@@ -48,7 +48,7 @@ from ..conventions import check_counts
 from ..formula import substitute
 from ..genome import Genome
 from ..kernels.tiling import TILE_CHANNELS, TILE_PIXELS, fused_tile_function_name
-from .measure_tables import lookup_arguments, split, table_functions
+from .measure_tables import cube_count, exact_cube_limit, lookup_arguments, split, table_functions
 from .ops_template import to_numba
 
 
@@ -180,10 +180,20 @@ def _table_rows(tables: list, s: str, p: str) -> list[str]:
     return [f"trow{k}{s} = tab{s}[{k}, toff{s}[{p}]:]" for k in range(len(tables))]
 
 
-def _measure_call(tables: list, s: str) -> str:
-    looked_up = lookup_arguments(tables, "trow{k}" + s, "I{v}" + s)
+def _measure_call(tables: list, s: str, counts: str, products: bool = False) -> str:
+    # products: each table of a cubed raw count as the product (measure_tables.py's cube_count).
+    looked_up = ""
+    for k, (count, node) in enumerate(tables):
+        v = count.upper() + s
+        looked_up += f"(({v} * {v}) * {v}), " if products and cube_count(node, counts) else f"trow{k}{s}[I{v}], "
     alphas = ", ".join(f"al{k}{s}[o]" for k in range(4))
     return f"measure_t(A{s}, B{s}, C{s}, D{s}, {looked_up}{alphas})"
+
+
+def _cubed(tables: list, counts: str) -> list[str]:
+    # The counts whose cube the measure looks up, in a, b, c, d order.
+    found = {cube_count(node, counts) for _, node in tables} - {None}
+    return [v for v in "ABCD" if v.lower() in found]
 
 
 def _rows(suffix: str, fused: bool) -> list[str]:
@@ -204,16 +214,33 @@ def _pixel(mode: str, form: str, counts: str, tables: list, fused: bool = False)
         "outrow = out[i, p]",
         "yy = p // width",
         "xx = p - yy * width",
-        "for o in range(np.uint64(n_out)):",
     ]
-    lines += [f"    {line}" for line in _counts("", counts, tables)]
-    lines += [f"    m = {_measure_call(tables, '')}"]
-    if mode == "down":
-        lines += [f"    {line}" for line in _counts("2", counts, tables)]
-        lines += [f"    m2 = {_measure_call(tables, '2')}"]
+    suffixes = ("", "2") if mode == "down" else ("",)
+
+    def channel_loop(products: bool) -> list[str]:
+        body = ["for o in range(np.uint64(n_out)):"]
+        for s in suffixes:
+            body += [f"    {line}" for line in _counts(s, counts, tables)]
+            body += [f"    m{s} = {_measure_call(tables, s, counts, products)}"]
+        return body + [f"    y = {form}", "    outrow[o] = y"]
+
+    cubed = _cubed(tables, counts)
+    if cubed:
+        # A pixel whose cubed counts are all below the limit takes its cubes as products, three
+        # multiplies instead of a gather each (measure_tables.py's module docstring says why
+        # that is exact); any other pixel looks them up. One vectorized pass over the row decides.
+        lines += ["inexact = np.uint32(0)", "for o in range(np.uint64(n_out)):"]
+        for s in suffixes:
+            defined = _counts(s, counts, [])[:4]  # A, B, C, D in order; B, C, D read only A
+            lines += [f"    {defined[0]}"] + [f"    {defined['ABCD'.index(v)]}" for v in cubed if v != "A"]
+            lines += [f"    inexact |= np.uint32({v}{s} >= CUBE_EXACT)" for v in cubed]
+        lines += ["if inexact == 0:"]
+        lines += [f"    {line}" for line in channel_loop(True)]
+        lines += ["else:"]
+        lines += [f"    {line}" for line in channel_loop(False)]
+    else:
+        lines += channel_loop(False)
     lines += [
-        f"    y = {form}",
-        "    outrow[o] = y",
         # The sign bits from the row just written (in L1), by ``sign_word``'s vector compares;
         # built inside the loop above they were per-lane shifts and an or-reduction, and made
         # LLVM run the loop 8 lanes wide instead of 16.
@@ -267,6 +294,9 @@ def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:
         f"COUNTS = {counts!r}",
         f"N_TABLES = {len(found)}",
         f"TABLE_COUNTS = {tuple(count for count, _ in found)!r}  # the count each table reads",
+        f"CUBE_TABLES = {tuple(k for k, (_, node) in enumerate(found) if cube_count(node, counts))!r}"
+        "  # tables of a raw count's cube: products below CUBE_EXACT",
+        f"CUBE_EXACT = F({float(exact_cube_limit())!r})  # refimpl/codegen/measure_tables.py's exact_cube_limit()",
         "INDEX_MASK = np.uint32(0x7FFFFFFF)",
         "",
         "",

@@ -13,17 +13,34 @@ Under ``freq`` and ``laplace`` a converted count depends on ``n`` too, which is 
 border pixels: one table row per distinct ``n`` of the layer, chosen per pixel by a row offset
 (``raw``: one row, offset 0). Subtrees that are plain arithmetic (a count, ``alpha * x``,
 ``alpha + x``, constants) stay as they are, as do operators of two counts.
+
+Cubes of raw counts: ``x**3`` is ``powf(x, 3)``, which is not the correctly rounded cube at some
+integers (ties of the rounding: 261 is the first under glibc), so it needs its table in general;
+below the first such integer, ``exact_cube_limit()``, it equals ``(x * x) * x`` bit for bit. The
+epilogue takes a pixel's cubes as products when every cubed count of the pixel is below that
+limit (most pixels of a 64-channel layer, whose window has 576 bits) and looks them up otherwise.
+The limit is measured at generation time on the reference's own float32 cube
+(``refimpl._numba_ops.unary_f32``), so another libm gives another limit, never other bits.
 """
 from __future__ import annotations
 
 import ast
+import functools
 
+import numpy as np
+
+from .._jit import jit
+from .._numba_ops import unary_f32
 from ..conventions import BY_NAME as CONVENTIONS
 from ..conventions import DEFAULT as DEFAULT_COUNTS
 from ..formula import substitute
 from .ops_template import to_numba
 
 COUNT_NAMES = ("a", "b", "c", "d")
+CUBE_CODE = 3  # refimpl/operators.py: the unary operator x**3
+# Counts are < 2**24; the search for the first inexact cube stops here (a count at or above the
+# limit only means its pixel looks its cubes up).
+CUBE_SEARCH_END = 1 << 16
 
 
 def _variables(node: ast.expr) -> set[str]:
@@ -62,6 +79,34 @@ def split(tree: ast.expr) -> tuple[ast.expr, list[tuple[str, ast.expr]]]:
             return self.generic_visit(node)
 
     return _Replace().visit(tree), tables
+
+
+def cube_count(node: ast.expr, counts: str) -> str | None:
+    """The count of a table that is the cube of a raw count (``b ** 3``), which the epilogue may
+    compute as ``(b * b) * b`` (module docstring); None for any other table or convention."""
+    if counts != DEFAULT_COUNTS:
+        return None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and isinstance(node.left, ast.Name) \
+            and node.left.id in COUNT_NAMES and isinstance(node.right, ast.Constant) and node.right.value == 3:
+        return node.left.id
+    return None
+
+
+@jit
+def _first_inexact_cube(code, end):
+    # The first integer x whose float32 cube, as the reference computes it, is not (x * x) * x.
+    for x in range(end):
+        v = np.float32(x)
+        if unary_f32(code, v, np.float32(0.0)) != (v * v) * v:
+            return x
+    return end
+
+
+@functools.lru_cache(maxsize=None)
+def exact_cube_limit() -> int:
+    """The smallest non-negative integer whose float32 ``x**3`` (``refimpl.measure``'s) differs
+    from ``(x * x) * x``: every count below it cubes exactly as the product (261 with glibc)."""
+    return int(_first_inexact_cube(CUBE_CODE, CUBE_SEARCH_END))
 
 
 def convert_one(counts: str, x: str, n: str) -> str | None:

@@ -41,8 +41,19 @@ def measure_tables(ep, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if key not in cache:
         tab = np.empty((ep.N_TABLES, ns.shape[0], length), dtype=np.float32)
         ep.build_tables(ns.astype(np.int64), tab)
+        _check_cube_products(ep, tab)
         cache[key] = tab.reshape(ep.N_TABLES, -1)
     return cache[key], np.ascontiguousarray(rows.reshape(-1) * length, dtype=np.int64)
+
+
+def _check_cube_products(ep, tab: np.ndarray) -> None:
+    """The epilogue takes a cube table's entries below ``CUBE_EXACT`` as products
+    (refimpl/codegen/measure_tables.py): refuse to run if one of them is not its product."""
+    for k in ep.CUBE_TABLES:
+        x = np.arange(min(tab.shape[2], int(ep.CUBE_EXACT)), dtype=np.float32)
+        if not np.array_equal(tab[k, 0, :x.size].view(np.uint32), ((x * x) * x).view(np.uint32)):
+            raise RuntimeError(f"refimpl: internal error: the cube table of genome {ep.GENOME} differs from the "
+                               "product below its exact limit; please report this with `python -m refimpl.info`")
 
 
 class _Gemm:
