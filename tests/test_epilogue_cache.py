@@ -154,8 +154,8 @@ px, pw, npw = (np.full((1, 1), v, np.float32) for v in (5, 4, 10 - 4))
 alpha = np.ones((4, 1), np.float32)
 scale, shift = np.full(1, 2, np.float32), np.full(1, 1, np.float32)
 out = np.zeros((1, 1, 1), np.float32)
-tab, toff = np.zeros((1, 1), np.float32), np.zeros(1, np.int64)  # the baseline has no lookup tables
-epilogue.kernel(module, "epilogue_none")(a, px, pw, npw, alpha, scale, shift, tab, toff, out, np.zeros((1, 1, 1, 1), np.uint64), False, 1, 0, 0, 1)
+tab, toff, tails = np.zeros((1, 1), np.float32), np.zeros(1, np.int64), np.zeros(1, np.int64)  # the baseline has no lookup tables
+epilogue.kernel(module, "epilogue_none")(a, px, pw, npw, alpha, scale, shift, tab, toff, tails, out, np.zeros((1, 1, 1, 1), np.uint64), False, 1, 0, 0, 1)
 print(epilogue.__file__, key, float(out[0, 0, 0]))
 """
 

@@ -77,7 +77,7 @@ def test_tabled_measure_equals_refimpl_measure_and_the_untabled_code(genome, cou
     expected = measure(genome, a, b, c, d, alpha=alpha, dtype=np.float32, counts=counts)
     mod = epilogue.load(genome, counts)
     n = (a + b + c + d).reshape(-1)
-    tab, toff = measure_tables(mod, n)
+    tab, toff, _ = measure_tables(mod, n)
     assert mod.N_TABLES == len(mt.split(Genome.parse(genome).expression())[1])
     f32 = [v.astype(np.float32) for v in (a, b, c, d)]
     tabled, untabled = np.empty(a.shape, np.float32), np.empty(a.shape, np.float32)
@@ -91,9 +91,9 @@ def test_tabled_measure_equals_refimpl_measure_and_the_untabled_code(genome, cou
 def test_tables_have_one_row_per_window_size_except_under_raw_counts():
     n = np.array([4, 6, 9, 6, 4, 9, 9])
     raw, freq = epilogue.load("M1", "raw"), epilogue.load("M1", "freq")
-    tab, toff = measure_tables(raw, n)
+    tab, toff, _ = measure_tables(raw, n)
     assert tab.shape == (2, 10) and not toff.any()
-    tab, toff = measure_tables(freq, n)
+    tab, toff, _ = measure_tables(freq, n)
     assert tab.shape == (2, 30) and list(toff) == [0, 10, 20, 10, 0, 20, 20]
     # the row of n = 6, at count 3: b**3 of the frequency 3/6, as refimpl.measure would take it
     x = np.float32(3) / np.float32(6)
@@ -205,10 +205,10 @@ def test_exported_models_give_the_same_bits_with_and_without_tables(tmp_path, na
 
 
 def test_the_model_comparison_sees_one_table_entry_one_ulp_off(tmp_path):
-    # M6 = b**3 / (1 + exp(-c)) / (a**3 + d): its table of c (table 1), which a division keeps to
-    # the ulp. Not a cube: this small network's windows (at most 72 bits) take their cubes as
-    # products, never from the tables.
-    tabled, untabled = _model_pair(tmp_path, "M6", "binary", "raw")
+    # M9 = b**3 / atan(c) / (a**3 + d**2): its table of c (table 1), which a division keeps to
+    # the ulp. Not a cube (this small network's windows, at most 72 bits, take their cubes as
+    # products) and without a constant tail (which would serve most pixels from one entry).
+    tabled, untabled = _model_pair(tmp_path, "M9", "real", "raw")
     x = _digits(64)
     assert _differences(tabled, untabled, x) == []
     # The most used entry of the table in the first unit, one ulp up. (Later units add a residual
@@ -221,7 +221,7 @@ def test_the_model_comparison_sees_one_table_entry_one_ulp_off(tmp_path):
     step = next(s for s in tabled._plan(64).steps if getattr(getattr(s, "layer", None), "conv", None) is not None
                 and s.layer.conv.name == first["name"])
     tab = step.whole[0].tab
-    assert tab.shape[0] == 3 and not step.whole[0].toff.any()  # b**3, 1 + exp(-c), a**3; raw: one row
+    assert tab.shape[0] == 3 and not step.whole[0].toff.any()  # b**3, atan(c), a**3; raw: one row
     saved = tab[1, x_most]
     try:
         tab[1, x_most] = np.nextafter(saved, np.float32(np.inf))
@@ -253,18 +253,25 @@ def test_cube_count_is_raw_counts_cubed_only():
     assert [mt.cube_count(node, "laplace") for _, node in found] == [None, None, None]
 
 
-# Every genome here cubes a count: M1, M7 two of them, M5 one beside other tables, M6 with a
-# table of c between its cubes; the last cubes all four counts.
-CUBE_GENOMES = ["M1", "M5", "M6", "M7", "3-3-3-3-0-1-6"]
+# Every genome here takes a fast path: M1, M7 cube two counts, M5 cubes a beside two saturating
+# tables (erf(c), exp(-d**2)), M2, M6, M8 a saturating table of c between their cubes, M9 and M4
+# a table without a constant tail (atan(c), sin(c)); the last genome cubes all four counts.
+FAST_GENOMES = ["M1", "M2", "M4", "M5", "M6", "M7", "M8", "M9", "3-3-3-3-0-1-6"]
 
 
-def _pixel(rng, n_out: int, fast: bool):
-    """(a, b, c, d) int64 (n_out,) of one pixel, px = a + c the same in every channel: every
-    count below the cube limit when ``fast``, else a, c over [0, 700] and b, d over [0, 500]."""
-    top_ac, top_bd = (mt.exact_cube_limit() - 1,) * 2 if fast else (700, 500)
-    a = rng.integers(0, top_ac + 1, n_out)
-    b, d = rng.integers(0, top_bd + 1, (2, n_out))
-    return a, b, top_ac - a, d
+def _pixel(rng, n_out: int, kind: str):
+    """(a, b, c, d) int64 (n_out,) of one pixel (px = a + c the same in every channel). ``fast``:
+    every count in [120, 260], below the cube limit and past every paper table's constant tail;
+    ``cubes``: a over [0, 700] and b, d over [0, 500] (cubes at and above the limit); ``tails``:
+    below the cube limit, but c over [0, 40] and d over [0, 20] (short of the tails)."""
+    if kind == "fast":
+        a, b, d = rng.integers(120, 141, n_out), rng.integers(120, 261, n_out), rng.integers(120, 261, n_out)
+        return a, b, 260 - a, d
+    if kind == "cubes":
+        a, b, d = rng.integers(0, 701, n_out), rng.integers(0, 501, n_out), rng.integers(0, 501, n_out)
+        return a, b, 700 - a, d
+    a, b, d = rng.integers(200, 241, n_out), rng.integers(0, 261, n_out), rng.integers(0, 21, n_out)
+    return a, b, 240 - a, d
 
 
 def _run_epilogue(mod, a, b, c, d, alpha, tab=None):
@@ -274,31 +281,53 @@ def _run_epilogue(mod, a, b, c, d, alpha, tab=None):
     assert ((a + c) == px[:, None]).all()  # the engine's px is one value a pixel
     pw, npw = a + b, c + d
     P, n_out = a.shape
-    if tab is None:
-        tab = measure_tables(mod, (pw + npw).reshape(-1))[0].copy()
+    built, _, tails = measure_tables(mod, (pw + npw).reshape(-1))
+    tab = built.copy() if tab is None else tab
     out = np.empty((1, P, n_out), np.float32)
     epilogue.kernel(mod, "epilogue_none")(
         a[None].astype(np.int32), px[None].astype(np.float32), pw.astype(np.float32), npw.astype(np.float32),
-        alpha, np.ones(n_out, np.float32), np.zeros(n_out, np.float32), tab, np.zeros(P, np.int64), out,
+        alpha, np.ones(n_out, np.float32), np.zeros(n_out, np.float32), tab, np.zeros(P, np.int64), tails, out,
         np.zeros((1, 1, 1, 1), np.uint64), False, P, 0, 0, 1)
     return out[0], tab
 
 
-@pytest.mark.parametrize("genome", CUBE_GENOMES)
-def test_epilogue_cubes_as_products_or_lookups_equal_refimpl_measure(genome):
-    # Pixels 0, 2, 3 have every count below the limit (products), pixels 1, 4 do not (lookups);
-    # 70 channels: four vectors of 16 and a remainder.
+def _reference(genome, a, b, c, d, alpha):
+    return measure(genome, *(v.T[None] for v in (a, b, c, d)), alpha=alpha, dtype=np.float32)[0].T
+
+
+@pytest.mark.parametrize("genome", FAST_GENOMES)
+def test_epilogue_fast_and_slow_pixels_equal_refimpl_measure(genome):
+    # Each kind of pixel twice; 70 channels: four vectors of 16 and a remainder.
     rng = np.random.default_rng(11)
-    fast = [True, False, True, True, False]
+    kinds = ["fast", "cubes", "tails", "fast", "tails", "cubes"]
     mod = epilogue.load(genome, "raw")
     assert mod.CUBE_TABLES and mod.CUBE_EXACT == mt.exact_cube_limit()
-    a, b, c, d = (np.stack(v) for v in zip(*(_pixel(rng, 70, f) for f in fast)))
-    assert [bool((np.stack([a, b, c, d])[:, p] < mt.exact_cube_limit()).all()) for p in range(5)] == fast
+    a, b, c, d = (np.stack(v) for v in zip(*(_pixel(rng, 70, kind) for kind in kinds)))
     alpha = rng.uniform(-2, 2, (4, 70)).astype(np.float32)
     out, _ = _run_epilogue(mod, a, b, c, d, alpha)
-    expected = measure(genome, *(v.T[None] for v in (a, b, c, d)), alpha=alpha, dtype=np.float32)[0].T
+    expected = _reference(genome, a, b, c, d, alpha)
     np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
     np.testing.assert_array_equal(out, expected)  # infinities with their signs, finite values exactly
+
+
+def test_tail_tables_are_the_saturating_ones():
+    assert [mt.tail_candidate(n, "raw") for _, n in mt.split(Genome.parse("M5").expression())[1]] == [True, False, True]
+    assert epilogue.load("M5", "raw").TAIL_TABLES == (0, 2)  # erf(c), exp(-d**2); a**3 is a cube
+    for name in ("M4", "M9", "M1"):  # sin(c), atan(c): no constant tail; M1 only cubes
+        assert epilogue.load(name, "raw").TAIL_TABLES == ()
+    assert epilogue.load("M5", "laplace").TAIL_TABLES == epilogue.load("M5", "laplace").CUBE_TABLES == ()
+
+
+def test_a_table_tail_starts_where_the_reference_becomes_constant():
+    # erf(c) alone through the reference: (0 + 0) + (0 + erf(c)); M5's table 0 is erf(c).
+    n = 3000
+    c = np.arange(n + 1).reshape(1, 1, -1)
+    zero = np.zeros_like(c)
+    bits = _bits(measure("1-1-1-11-0-0-0", zero, zero, c, zero, dtype=np.float32)).reshape(-1)
+    start = int(np.flatnonzero(bits != bits[-1])[-1]) + 1
+    tab, _, tails = measure_tables(epilogue.load("M5", "raw"), np.array([n]))
+    assert 0 < start < 100 and tails[0] == start
+    assert tails[1] == n + 1  # a**3: not a tail table
 
 
 def test_one_count_at_the_limit_sends_its_pixel_to_the_tables():
@@ -313,9 +342,29 @@ def test_one_count_at_the_limit_sends_its_pixel_to_the_tables():
     c = np.array([[30], [limit + 30]]) - a  # c is not cubed in M1: any size
     alpha = np.zeros((4, 16), np.float32)
     clean, tab = _run_epilogue(mod, a, b, c, d, alpha)
-    expected = measure("M1", *(v.T[None] for v in (a, b, c, d)), alpha=alpha, dtype=np.float32)[0].T
-    np.testing.assert_array_equal(clean, expected)
+    np.testing.assert_array_equal(clean, _reference("M1", a, b, c, d, alpha))
     tab[0, 20] = np.nextafter(tab[0, 20], np.float32(np.inf))
+    touched, _ = _run_epilogue(mod, a, b, c, d, alpha, tab)
+    assert np.array_equal(_bits(touched[0]), _bits(clean[0]))
+    assert not np.array_equal(_bits(touched[1]), _bits(clean[1]))
+
+
+def test_one_count_short_of_a_tail_sends_its_pixel_to_the_tables():
+    # M6 = b**3 / (1 + exp(-c)) / (a**3 + d): table 1 is 1 + exp(-c), 1.0 from some c on. Pixel
+    # 0 has every c past the tail, pixel 1 the same but one c = 0. Both have c = 150 somewhere;
+    # that entry made one ulp off changes pixel 1 (it looks c up), not pixel 0 (it takes the
+    # tail's value, read at the tail's start).
+    mod = epilogue.load("M6", "raw")
+    a = np.full((2, 16), 50)
+    a[1, 3] = 200
+    c = np.array([[200], [200]]) - a  # pixel 0: c = 150; pixel 1: c = 150 and one c = 0
+    b, d = np.full((2, 16), 30), np.full((2, 16), 60)
+    alpha = np.zeros((4, 16), np.float32)
+    clean, tab = _run_epilogue(mod, a, b, c, d, alpha)
+    tails = measure_tables(mod, (a + b + c + d).reshape(-1))[2]
+    assert 0 < tails[1] < 150
+    np.testing.assert_array_equal(clean, _reference("M6", a, b, c, d, alpha))
+    tab[1, 150] = np.nextafter(tab[1, 150], np.float32(np.inf))
     touched, _ = _run_epilogue(mod, a, b, c, d, alpha, tab)
     assert np.array_equal(_bits(touched[0]), _bits(clean[0]))
     assert not np.array_equal(_bits(touched[1]), _bits(clean[1]))
@@ -330,6 +379,6 @@ def test_plan_refuses_a_cube_table_that_is_not_its_product(monkeypatch):
         out[1, 0, 7] = np.nextafter(out[1, 0, 7], np.float32(np.inf))
 
     monkeypatch.setattr(mod, "build_tables", off_by_one_ulp)
-    monkeypatch.setattr(mod, "_TABLES", {})
+    monkeypatch.setattr(mod, "_TABLES", {})  # plan.py's cache of built tables
     with pytest.raises(RuntimeError, match="cube table"):
         measure_tables(mod, np.array([100, 90]))

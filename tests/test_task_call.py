@@ -38,8 +38,8 @@ def _run_epilogue(genome, a, px, pw, n):
     alpha = np.ones((4, size), np.float32)
     out = np.zeros((1, 1, size), np.float32)
     kernel = epilogue.kernel(module, "epilogue_none")
-    tab, toff = measure_tables(module, np.array([int(n.max())]))  # raw counts: one row serves every n up to it
-    kernel(a, px, pw, n - pw, alpha, np.ones(size, np.float32), np.zeros(size, np.float32), tab, toff, out,
+    tab, toff, tails = measure_tables(module, np.array([int(n.max())]))  # raw counts: one row serves every n up to it
+    kernel(a, px, pw, n - pw, alpha, np.ones(size, np.float32), np.zeros(size, np.float32), tab, toff, tails, out,
            np.zeros((1, 1, 1, 1), np.uint64), False, 1, 0, 0, 1)
     return module, kernel, out[0, 0]
 

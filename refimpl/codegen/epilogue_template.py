@@ -48,7 +48,7 @@ from ..conventions import check_counts
 from ..formula import substitute
 from ..genome import Genome
 from ..kernels.tiling import TILE_CHANNELS, TILE_PIXELS, fused_tile_function_name
-from .measure_tables import cube_count, exact_cube_limit, lookup_arguments, split, table_functions
+from .measure_tables import cube_count, exact_cube_limit, lookup_arguments, split, table_functions, tail_candidate
 from .ops_template import to_numba
 
 
@@ -88,7 +88,7 @@ def measure_tables(genome, tables: bool = True) -> tuple[str, list]:
 # C-contiguous arrays.
 # a (N, P, O) int32; px (N, P); pw, npw (P, O); alpha (4, O); scale, shift (O,)
 # tab (K, R*L) the measure's lookup tables, toff (P,) each pixel's row offset (measure_tables.py)
-_COMMON = "i4[:, :, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1], f4[:, ::1], i8[::1]"
+_COMMON = "i4[:, :, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1], f4[:, ::1], i8[::1], i8[::1]"
 _TAIL = "f4[:, :, ::1], u8[:, :, :, ::1], b1, i8, i8, i8, i8"
 # The fused kernels: GEMM operands (flat padded input words, weight panels, K, tap offsets,
 # window origins; a second set of weights/taps/origins for the shortcut), then per-thread
@@ -97,7 +97,7 @@ _GEMM = "u8[::1], u8[::1], i8, i8[::1], i8[::1]"
 _GEMM2 = "u8[::1], i8[::1], i8[::1]"
 _SCRATCH = "u8[:, ::1], u8[:, :, ::1], i4[:, ::1]"
 _PX_SCRATCH = "f4[:, ::1]"  # (T, P) px of the tile's pixels; (T, 2P) with the shortcut's
-_EPI = "f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1], f4[:, ::1], i8[::1]"  # pw, npw, alpha, scale, shift, tab, toff
+_EPI = "f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1], f4[:, ::1], i8[::1], i8[::1]"  # pw, npw, alpha, scale, shift, tab, toff, tails
 _FUSED_TAIL = "f4[:, :, ::1], u8[:, :, :, ::1], b1, i8, i8, i8"
 # The one signature of each kernel of a generated module, by name.
 SIGNATURES = {
@@ -134,7 +134,7 @@ _MODES = {
     # line just read instead of fetching a fresh one (a separate output buffer cost a
     # read-for-ownership of 16 MB per 64-channel layer at batch 64).
     "identity": ("", "fma32(m, scale[o], shift[o]) + outrow[o]"),
-    "down": (", a2, px2, pw2, npw2, alpha2, scale2, shift2, tab2, toff2",
+    "down": (", a2, px2, pw2, npw2, alpha2, scale2, shift2, tab2, toff2, tails2",
              "fma32(m, scale[o], shift[o]) + fma32(m2, scale2[o], shift2[o])"),
 }
 
@@ -180,20 +180,35 @@ def _table_rows(tables: list, s: str, p: str) -> list[str]:
     return [f"trow{k}{s} = tab{s}[{k}, toff{s}[{p}]:]" for k in range(len(tables))]
 
 
-def _measure_call(tables: list, s: str, counts: str, products: bool = False) -> str:
-    # products: each table of a cubed raw count as the product (measure_tables.py's cube_count).
+def _measure_call(tables: list, s: str, counts: str, fast: bool = False) -> str:
+    # fast: cubes as products, tables with a constant tail as their tail value (_pixel says when).
     looked_up = ""
     for k, (count, node) in enumerate(tables):
         v = count.upper() + s
-        looked_up += f"(({v} * {v}) * {v}), " if products and cube_count(node, counts) else f"trow{k}{s}[I{v}], "
+        if fast and cube_count(node, counts):
+            looked_up += f"(({v} * {v}) * {v}), "
+        elif fast and tail_candidate(node, counts):
+            looked_up += f"tv{k}{s}, "
+        else:
+            looked_up += f"trow{k}{s}[I{v}], "
     alphas = ", ".join(f"al{k}{s}[o]" for k in range(4))
     return f"measure_t(A{s}, B{s}, C{s}, D{s}, {looked_up}{alphas})"
 
 
-def _cubed(tables: list, counts: str) -> list[str]:
-    # The counts whose cube the measure looks up, in a, b, c, d order.
-    found = {cube_count(node, counts) for _, node in tables} - {None}
-    return [v for v in "ABCD" if v.lower() in found]
+def _fast_checks(tables: list, counts: str, s: str) -> tuple[list[str], list[str], list[str]]:
+    """(per-pixel lines, the counts the check reads, its conditions of a slow pixel) of the fast
+    path: every cubed count below CUBE_EXACT, every count of a tail table at or past its tail."""
+    head, used, slow = [], set(), []
+    for k, (count, node) in enumerate(tables):
+        v = count.upper()
+        if cube_count(node, counts):
+            used.add(v)
+            slow.append(f"{v}{s} >= CUBE_EXACT")
+        elif tail_candidate(node, counts):
+            used.add(v)
+            head += [f"tl{k}{s} = F(tails{s}[{k}])", f"tv{k}{s} = trow{k}{s}[tails{s}[{k}]]"]
+            slow.append(f"{v}{s} < tl{k}{s}")
+    return head, [v for v in "ABCD" if v in used], slow
 
 
 def _rows(suffix: str, fused: bool) -> list[str]:
@@ -217,24 +232,27 @@ def _pixel(mode: str, form: str, counts: str, tables: list, fused: bool = False)
     ]
     suffixes = ("", "2") if mode == "down" else ("",)
 
-    def channel_loop(products: bool) -> list[str]:
+    def channel_loop(fast: bool) -> list[str]:
         body = ["for o in range(np.uint64(n_out)):"]
         for s in suffixes:
             body += [f"    {line}" for line in _counts(s, counts, tables)]
-            body += [f"    m{s} = {_measure_call(tables, s, counts, products)}"]
+            body += [f"    m{s} = {_measure_call(tables, s, counts, fast)}"]
         return body + [f"    y = {form}", "    outrow[o] = y"]
 
-    cubed = _cubed(tables, counts)
-    if cubed:
-        # A pixel whose cubed counts are all below the limit takes its cubes as products, three
-        # multiplies instead of a gather each (measure_tables.py's module docstring says why
-        # that is exact); any other pixel looks them up. One vectorized pass over the row decides.
-        lines += ["inexact = np.uint32(0)", "for o in range(np.uint64(n_out)):"]
-        for s in suffixes:
+    checks = [_fast_checks(tables, counts, s) for s in suffixes]
+    if any(slow for _, _, slow in checks):
+        # The fast path: a pixel whose cubed counts are all below the exact limit and whose
+        # counts of saturating tables all lie in the constant tails takes products and constants
+        # instead of gathers (measure_tables.py's module docstring says why both are exact); any
+        # other pixel looks them up. One vectorized pass over the row decides.
+        for head, _, _ in checks:
+            lines += head
+        lines += ["slow = np.uint32(0)", "for o in range(np.uint64(n_out)):"]
+        for s, (_, used, slow) in zip(suffixes, checks):
             defined = _counts(s, counts, [])[:4]  # A, B, C, D in order; B, C, D read only A
-            lines += [f"    {defined[0]}"] + [f"    {defined['ABCD'.index(v)]}" for v in cubed if v != "A"]
-            lines += [f"    inexact |= np.uint32({v}{s} >= CUBE_EXACT)" for v in cubed]
-        lines += ["if inexact == 0:"]
+            lines += [f"    {defined[0]}"] + [f"    {defined['ABCD'.index(v)]}" for v in used if v != "A"]
+            lines += [f"    slow |= np.uint32({condition})" for condition in slow]
+        lines += ["if slow == 0:"]
         lines += [f"    {line}" for line in channel_loop(True)]
         lines += ["else:"]
         lines += [f"    {line}" for line in channel_loop(False)]
@@ -296,6 +314,8 @@ def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:
         f"TABLE_COUNTS = {tuple(count for count, _ in found)!r}  # the count each table reads",
         f"CUBE_TABLES = {tuple(k for k, (_, node) in enumerate(found) if cube_count(node, counts))!r}"
         "  # tables of a raw count's cube: products below CUBE_EXACT",
+        f"TAIL_TABLES = {tuple(k for k, (_, node) in enumerate(found) if tail_candidate(node, counts))!r}"
+        "  # tables whose constant tail replaces the lookup (tail: plan.py's measure_tables)",
         f"CUBE_EXACT = F({float(exact_cube_limit())!r})  # refimpl/codegen/measure_tables.py's exact_cube_limit()",
         "INDEX_MASK = np.uint32(0x7FFFFFFF)",
         "",
@@ -348,13 +368,13 @@ def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:
 
 
 def _epilogue_parameters(mode: str) -> str:
-    return f"a, px, pw, npw, alpha, scale, shift, tab, toff{_MODES[mode][0]}, out, bits, pack, width, pad_h, pad_w, chunk"
+    return f"a, px, pw, npw, alpha, scale, shift, tab, toff, tails{_MODES[mode][0]}, out, bits, pack, width, pad_h, pad_w, chunk"
 
 
 def _fused_parameters(mode: str) -> str:
     gemm_args = "xflat, wflat, k_words, taps_off, bases" + (", wflat2, taps_off2, bases2" if mode == "down" else "")
     scratch = "xscratch, bscratch, ascratch" + (", ascratch2" if mode == "down" else "") + ", pxscratch"
-    return (f"tile_fn, {gemm_args}, {scratch}, pw, npw, alpha, scale, shift, tab, toff{_MODES[mode][0].replace(', a2, px2', '')}, out, bits,"
+    return (f"tile_fn, {gemm_args}, {scratch}, pw, npw, alpha, scale, shift, tab, toff, tails{_MODES[mode][0].replace(', a2, px2', '')}, out, bits,"
             " pack, width, pad_h, pad_w")
 
 

@@ -21,11 +21,20 @@ epilogue takes a pixel's cubes as products when every cubed count of the pixel i
 limit (most pixels of a 64-channel layer, whose window has 576 bits) and looks them up otherwise.
 The limit is measured at generation time on the reference's own float32 cube
 (``refimpl._numba_ops.unary_f32``), so another libm gives another limit, never other bits.
+
+Constant tails: under raw counts a saturating table (``erf(c)``, ``exp(-d**2)``, ``1 + exp(-c)``)
+takes one float32 value from some count on (``erf(c)`` is 1.0 from c = 4, ``exp(-d**2)`` 0.0 from
+d = 10). The plan finds where each layer's table becomes constant, bit for bit
+(``refimpl/engine/plan.py``'s ``measure_tables``), and a pixel whose counts all lie in those tails
+takes the value instead of a gather. Which tables to treat so is a guess made here from the
+subtree's value at large counts (``tail_candidate``); a wrong guess only costs a pixel its fast
+path, never a bit, since the tail itself is read from the table.
 """
 from __future__ import annotations
 
 import ast
 import functools
+import math
 
 import numpy as np
 
@@ -90,6 +99,29 @@ def cube_count(node: ast.expr, counts: str) -> str | None:
             and node.left.id in COUNT_NAMES and isinstance(node.right, ast.Constant) and node.right.value == 3:
         return node.left.id
     return None
+
+
+# math's functions under the names the operator table's formulas use (refimpl/operators.py).
+_MATH = {name: getattr(math, name) for name in ("exp", "log", "sqrt", "sin", "cos", "tan", "atan", "erf", "erfc")} \
+    | {"abs": abs, "max": max, "min": min}
+_TAIL_PROBES = (1 << 12, 1 << 14, 1 << 16)
+
+
+def tail_candidate(node: ast.expr, counts: str) -> bool:
+    """Whether a raw-count table (not a cube) looks constant in float32 at large counts: the same
+    float32 value of its subtree at counts 2**12, 2**14 and 2**16 (in double, then rounded)."""
+    if counts != DEFAULT_COUNTS or cube_count(node, counts):
+        return False
+    (count,) = _variables(node)
+    text = ast.unparse(node)
+    values = set()
+    for x in _TAIL_PROBES:
+        try:
+            v = eval(text, {"__builtins__": {}}, {**_MATH, count: float(x)})  # noqa: S307 - the operator table's own text
+        except (ArithmeticError, ValueError):
+            return False
+        values.add(np.float32(v).tobytes())
+    return len(values) == 1
 
 
 @jit

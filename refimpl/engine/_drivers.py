@@ -7,7 +7,7 @@ from .task_call import call_task
 
 
 @jit(parallel=True)
-def epilogue_none(task, parts, a, px, pw, npw, alpha, scale, shift, tab, toff, out, bits, pack, width, pad_h, pad_w, chunk):
+def epilogue_none(task, parts, a, px, pw, npw, alpha, scale, shift, tab, toff, tails, out, bits, pack, width, pad_h, pad_w, chunk):
     # ``task``: the address of a genome module's epilogue_none_task (refimpl/engine/task_call.py),
     # called once for each of ``parts`` equal runs of the tasks (a few per thread).
     n_img, positions, n_out = a.shape
@@ -15,11 +15,11 @@ def epilogue_none(task, parts, a, px, pw, npw, alpha, scale, shift, tab, toff, o
     parts = max(1, min(n_tasks, parts))
     for part in prange(parts):
         call_task(task, np.int64(n_tasks * part // parts), np.int64(n_tasks * (part + 1) // parts),
-                  a, px, pw, npw, alpha, scale, shift, tab, toff, out, bits, pack, width, pad_h, pad_w, chunk)
+                  a, px, pw, npw, alpha, scale, shift, tab, toff, tails, out, bits, pack, width, pad_h, pad_w, chunk)
 
 
 @jit(parallel=True)
-def epilogue_identity(task, parts, a, px, pw, npw, alpha, scale, shift, tab, toff, out, bits, pack, width, pad_h, pad_w, chunk):
+def epilogue_identity(task, parts, a, px, pw, npw, alpha, scale, shift, tab, toff, tails, out, bits, pack, width, pad_h, pad_w, chunk):
     # ``task``: the address of a genome module's epilogue_identity_task (refimpl/engine/task_call.py),
     # called once for each of ``parts`` equal runs of the tasks (a few per thread).
     n_img, positions, n_out = a.shape
@@ -27,11 +27,11 @@ def epilogue_identity(task, parts, a, px, pw, npw, alpha, scale, shift, tab, tof
     parts = max(1, min(n_tasks, parts))
     for part in prange(parts):
         call_task(task, np.int64(n_tasks * part // parts), np.int64(n_tasks * (part + 1) // parts),
-                  a, px, pw, npw, alpha, scale, shift, tab, toff, out, bits, pack, width, pad_h, pad_w, chunk)
+                  a, px, pw, npw, alpha, scale, shift, tab, toff, tails, out, bits, pack, width, pad_h, pad_w, chunk)
 
 
 @jit(parallel=True)
-def epilogue_down(task, parts, a, px, pw, npw, alpha, scale, shift, tab, toff, a2, px2, pw2, npw2, alpha2, scale2, shift2, tab2, toff2, out, bits, pack, width, pad_h, pad_w, chunk):
+def epilogue_down(task, parts, a, px, pw, npw, alpha, scale, shift, tab, toff, tails, a2, px2, pw2, npw2, alpha2, scale2, shift2, tab2, toff2, tails2, out, bits, pack, width, pad_h, pad_w, chunk):
     # ``task``: the address of a genome module's epilogue_down_task (refimpl/engine/task_call.py),
     # called once for each of ``parts`` equal runs of the tasks (a few per thread).
     n_img, positions, n_out = a.shape
@@ -39,11 +39,11 @@ def epilogue_down(task, parts, a, px, pw, npw, alpha, scale, shift, tab, toff, a
     parts = max(1, min(n_tasks, parts))
     for part in prange(parts):
         call_task(task, np.int64(n_tasks * part // parts), np.int64(n_tasks * (part + 1) // parts),
-                  a, px, pw, npw, alpha, scale, shift, tab, toff, a2, px2, pw2, npw2, alpha2, scale2, shift2, tab2, toff2, out, bits, pack, width, pad_h, pad_w, chunk)
+                  a, px, pw, npw, alpha, scale, shift, tab, toff, tails, a2, px2, pw2, npw2, alpha2, scale2, shift2, tab2, toff2, tails2, out, bits, pack, width, pad_h, pad_w, chunk)
 
 
 @jit(parallel=True)
-def fused_none(task, parts, tile_fn, xflat, wflat, k_words, taps_off, bases, xscratch, bscratch, ascratch, pxscratch, pw, npw, alpha, scale, shift, tab, toff, out, bits, pack, width, pad_h, pad_w):
+def fused_none(task, parts, tile_fn, xflat, wflat, k_words, taps_off, bases, xscratch, bscratch, ascratch, pxscratch, pw, npw, alpha, scale, shift, tab, toff, tails, out, bits, pack, width, pad_h, pad_w):
     # ``task``: the address of a genome module's fused_none_task (refimpl/engine/task_call.py),
     # called once for each of ``parts`` equal runs of the tasks (a few per thread).
     n_img, positions, n_out = out.shape
@@ -51,11 +51,11 @@ def fused_none(task, parts, tile_fn, xflat, wflat, k_words, taps_off, bases, xsc
     parts = max(1, min(n_tasks, parts))
     for part in prange(parts):
         call_task(task, np.int64(n_tasks * part // parts), np.int64(n_tasks * (part + 1) // parts),
-                  tile_fn, xflat, wflat, k_words, taps_off, bases, xscratch, bscratch, ascratch, pxscratch, pw, npw, alpha, scale, shift, tab, toff, out, bits, pack, width, pad_h, pad_w)
+                  tile_fn, xflat, wflat, k_words, taps_off, bases, xscratch, bscratch, ascratch, pxscratch, pw, npw, alpha, scale, shift, tab, toff, tails, out, bits, pack, width, pad_h, pad_w)
 
 
 @jit(parallel=True)
-def fused_identity(task, parts, tile_fn, xflat, wflat, k_words, taps_off, bases, xscratch, bscratch, ascratch, pxscratch, pw, npw, alpha, scale, shift, tab, toff, out, bits, pack, width, pad_h, pad_w):
+def fused_identity(task, parts, tile_fn, xflat, wflat, k_words, taps_off, bases, xscratch, bscratch, ascratch, pxscratch, pw, npw, alpha, scale, shift, tab, toff, tails, out, bits, pack, width, pad_h, pad_w):
     # ``task``: the address of a genome module's fused_identity_task (refimpl/engine/task_call.py),
     # called once for each of ``parts`` equal runs of the tasks (a few per thread).
     n_img, positions, n_out = out.shape
@@ -63,11 +63,11 @@ def fused_identity(task, parts, tile_fn, xflat, wflat, k_words, taps_off, bases,
     parts = max(1, min(n_tasks, parts))
     for part in prange(parts):
         call_task(task, np.int64(n_tasks * part // parts), np.int64(n_tasks * (part + 1) // parts),
-                  tile_fn, xflat, wflat, k_words, taps_off, bases, xscratch, bscratch, ascratch, pxscratch, pw, npw, alpha, scale, shift, tab, toff, out, bits, pack, width, pad_h, pad_w)
+                  tile_fn, xflat, wflat, k_words, taps_off, bases, xscratch, bscratch, ascratch, pxscratch, pw, npw, alpha, scale, shift, tab, toff, tails, out, bits, pack, width, pad_h, pad_w)
 
 
 @jit(parallel=True)
-def fused_down(task, parts, tile_fn, xflat, wflat, k_words, taps_off, bases, wflat2, taps_off2, bases2, xscratch, bscratch, ascratch, ascratch2, pxscratch, pw, npw, alpha, scale, shift, tab, toff, pw2, npw2, alpha2, scale2, shift2, tab2, toff2, out, bits, pack, width, pad_h, pad_w):
+def fused_down(task, parts, tile_fn, xflat, wflat, k_words, taps_off, bases, wflat2, taps_off2, bases2, xscratch, bscratch, ascratch, ascratch2, pxscratch, pw, npw, alpha, scale, shift, tab, toff, tails, pw2, npw2, alpha2, scale2, shift2, tab2, toff2, tails2, out, bits, pack, width, pad_h, pad_w):
     # ``task``: the address of a genome module's fused_down_task (refimpl/engine/task_call.py),
     # called once for each of ``parts`` equal runs of the tasks (a few per thread).
     n_img, positions, n_out = out.shape
@@ -75,4 +75,4 @@ def fused_down(task, parts, tile_fn, xflat, wflat, k_words, taps_off, bases, wfl
     parts = max(1, min(n_tasks, parts))
     for part in prange(parts):
         call_task(task, np.int64(n_tasks * part // parts), np.int64(n_tasks * (part + 1) // parts),
-                  tile_fn, xflat, wflat, k_words, taps_off, bases, wflat2, taps_off2, bases2, xscratch, bscratch, ascratch, ascratch2, pxscratch, pw, npw, alpha, scale, shift, tab, toff, pw2, npw2, alpha2, scale2, shift2, tab2, toff2, out, bits, pack, width, pad_h, pad_w)
+                  tile_fn, xflat, wflat, k_words, taps_off, bases, wflat2, taps_off2, bases2, xscratch, bscratch, ascratch, ascratch2, pxscratch, pw, npw, alpha, scale, shift, tab, toff, tails, pw2, npw2, alpha2, scale2, shift2, tab2, toff2, tails2, out, bits, pack, width, pad_h, pad_w)

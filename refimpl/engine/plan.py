@@ -22,15 +22,18 @@ from .format import BinaryConv, BinaryUnit, GlobalAvgPool, Pool, Stem
 
 _NO_BITS = np.zeros((1, 1, 1, 1), dtype=np.uint64)
 _NO_TABLES = np.zeros((1, 1), dtype=np.float32)
+_NO_TAILS = np.zeros(1, dtype=np.int64)
 
 
-def measure_tables(ep, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(tab (K, R*L) float32, toff (P,) int64): the lookup tables of the genome module ``ep``'s
-    one-count subtrees for windows of sizes ``n`` (P,), one row of L = max(n) + 1 entries per
-    distinct size (one row under raw counts, whose values do not depend on n), and each pixel's
-    row offset (refimpl/codegen/measure_tables.py). Built once per module and set of sizes."""
+def measure_tables(ep, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tab (K, R*L) float32, toff (P,) int64, tail (K,) int64): the lookup tables of the genome
+    module ``ep``'s one-count subtrees for windows of sizes ``n`` (P,), one row of L = max(n) + 1
+    entries per distinct size (one row under raw counts, whose values do not depend on n), each
+    pixel's row offset, and where each of the module's ``TAIL_TABLES`` becomes constant: the
+    first count from which every entry has the last entry's bits (L for the other tables)
+    (refimpl/codegen/measure_tables.py). Built once per module and set of sizes."""
     if ep.N_TABLES == 0:
-        return _NO_TABLES, np.zeros(n.shape[0], dtype=np.int64)
+        return _NO_TABLES, np.zeros(n.shape[0], dtype=np.int64), _NO_TAILS
     if ep.COUNTS == RAW_COUNTS:
         ns, rows = n.max(keepdims=True), np.zeros(n.shape[0], dtype=np.int64)
     else:
@@ -42,8 +45,14 @@ def measure_tables(ep, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         tab = np.empty((ep.N_TABLES, ns.shape[0], length), dtype=np.float32)
         ep.build_tables(ns.astype(np.int64), tab)
         _check_cube_products(ep, tab)
-        cache[key] = tab.reshape(ep.N_TABLES, -1)
-    return cache[key], np.ascontiguousarray(rows.reshape(-1) * length, dtype=np.int64)
+        tail = np.full(ep.N_TABLES, length, dtype=np.int64)
+        for k in ep.TAIL_TABLES:  # raw counts only: one row
+            bits = tab[k, 0].view(np.uint32)
+            differs = np.flatnonzero(bits != bits[-1])
+            tail[k] = differs[-1] + 1 if differs.size else 0
+        cache[key] = tab.reshape(ep.N_TABLES, -1), tail
+    tab, tail = cache[key]
+    return tab, np.ascontiguousarray(rows.reshape(-1) * length, dtype=np.int64), tail
 
 
 def _check_cube_products(ep, tab: np.ndarray) -> None:
@@ -88,7 +97,7 @@ class _ConvCounts:
         # The epilogue's float32 forms (exact: integers below 2**24), channels last (P, O).
         self.pw_f = np.ascontiguousarray(self.pw.T, dtype=np.float32)
         self.npw_f = np.ascontiguousarray((self.n[None, :] - self.pw).T, dtype=np.float32)
-        self.tab, self.toff = measure_tables(ep, self.n)
+        self.tab, self.toff, self.tails = measure_tables(ep, self.n)
 
     def __call__(self, bits, px):
         """``a`` of the images in ``bits``, and their window popcounts into ``px`` (N, Ho*Wo)."""
@@ -310,7 +319,7 @@ class _UnitStep(_Step):
             bits = self.bits_out[g0:g1] if self.pack else _NO_BITS
             chunk = _epilogue_chunk(g1 - g0, a.shape[1], a.shape[2])
             tail = (out[g0:g1], bits, self.pack, main.out_w, self.pad[0], self.pad[1], chunk)
-            head = (a, px, main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift, main.tab, main.toff)
+            head = (a, px, main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift, main.tab, main.toff, main.tails)
             a2 = None
             tasks = (g1 - g0) * -(-a.shape[1] // chunk)
             if L.residual == "none":
@@ -322,7 +331,7 @@ class _UnitStep(_Step):
                 px2 = self.px2[g0:g1]
                 a2 = down(bits_in, px2)
                 run_kernel(epilogue.kernel(self.ep, "epilogue_down"), tasks,
-                           *head, a2, px2, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, down.tab, down.toff, *tail)
+                           *head, a2, px2, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, down.tab, down.toff, down.tails, *tail)
             if debug is not None:
                 debug.append((main.counts(a, px), down.counts(a2, px2) if a2 is not None else None))
         oc, oh, ow = self.out_chw
@@ -343,7 +352,7 @@ class _UnitStep(_Step):
         main, down = self.whole
         mp = main.gemm.plan
         gemm = (self.bits_in.reshape(-1), mp.panels, mp.k_words, mp.taps_off, mp.bases)
-        epi = (main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift, main.tab, main.toff)
+        epi = (main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift, main.tab, main.toff, main.tails)
         tail = (out, self.bits_out if self.pack else _NO_BITS, self.pack, main.out_w, self.pad[0], self.pad[1])
         scratch = (mp.xscratch, mp.bscratch, self.ascratch[0])
         kernel = epilogue.kernel(self.ep, f"fused_{self.mode}")
@@ -352,7 +361,7 @@ class _UnitStep(_Step):
         else:
             d, dp = L.down, down.gemm.plan
             kernel(*gemm, dp.panels, dp.taps_off, dp.bases, *scratch, self.ascratch[1], self.pxscratch,
-                   *epi, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, down.tab, down.toff, *tail)
+                   *epi, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, down.tab, down.toff, down.tails, *tail)
 
     def convs(self):
         """(Conv, out_h, out_w) of the unit's convolutions, for benchmarks."""
