@@ -115,19 +115,24 @@ def _epilogue_share(eng, x, runs: int = 3) -> float:
     return max(0.0, units - gemm_seconds) / sum(times.values())
 
 
-def _product_share(eng, x) -> float | None:
-    """The share of binary outputs whose pixel takes its cubes as products, not lookups (every
-    cubed raw count of the pixel below the module's ``CUBE_EXACT``: refimpl/codegen/
-    measure_tables.py), from the counts of a debug run; None for a measure without cubes."""
+def _fast_share(eng, x) -> float | None:
+    """The share of binary outputs whose pixel takes the epilogue's fast path: every cubed raw
+    count below the module's ``CUBE_EXACT`` and every count of a saturating table in its constant
+    tail (refimpl/codegen/measure_tables.py), from the counts of a debug run; None for a measure
+    without either."""
+    from refimpl.engine.plan import measure_tables
+
     ep = eng._epilogue
-    if not ep.CUBE_TABLES:
+    if not ep.CUBE_TABLES and not ep.TAIL_TABLES:
         return None
-    cubed = sorted({ep.TABLE_COUNTS[k] for k in ep.CUBE_TABLES})
     _, records = eng.run(x, debug=True)
     fast = total = 0
     for r in records:  # (N, C, H, W) counts of one binary convolution
-        below = np.logical_and.reduce([(r[v] < ep.CUBE_EXACT).all(axis=1) for v in cubed])
-        fast += int(below.sum()) * r["a"].shape[1]
+        n = r["a"] + r["b"] + r["c"] + r["d"]
+        tails = measure_tables(ep, np.array([int(n.max())]))[2]
+        ok = [(r[ep.TABLE_COUNTS[k]] < ep.CUBE_EXACT).all(axis=1) for k in ep.CUBE_TABLES]
+        ok += [(r[ep.TABLE_COUNTS[k]] >= tails[k]).all(axis=1) for k in ep.TAIL_TABLES]
+        fast += int(np.logical_and.reduce(ok).sum()) * r["a"].shape[1]
         total += r["a"].size
     return fast / total
 
@@ -197,24 +202,24 @@ def run_measures(args) -> int:
     head = (f"{'measure':10s} {'genome':15s} {'tables':>6s} {'img/s b' + str(args.batch):>10s} {'ms b1':>7s} "
             f"{'vs baseline b' + str(args.batch) + '/b1':>20s} {'vs torch b' + str(args.batch):>12s} "
             f"{'epilogue share b' + str(args.batch) + '/b1':>22s} {'first run s':>11s} {'CPU time vs baseline':>21s} "
-            f"{'cube products':>13s}")
+            f"{'fast path':>9s}")
     print(head)
     for name, eng in engines.items():
         share_b = _epilogue_share(eng, xb)
         share_1 = _epilogue_share(eng, x1, runs=9)
         rel = f"{thr[name] / thr['baseline']:.2f} / {lat[name] / lat['baseline']:.2f}"
-        products = _product_share(eng, xb)
+        fast = _fast_share(eng, xb)
         print(f"{name:10s} {str(Genome.parse(name)):15s} {eng._epilogue.N_TABLES:6d} {args.batch / thr[name]:10.0f} "
               f"{lat[name] * 1e3:7.2f} "
               f"{rel:>20s} {thr['torch'] / thr[name]:11.2f}x {f'{share_b:.0%} / {share_1:.0%}':>22s} "
               f"{first[name]:11.2f} {thr_cpu[name] / thr_cpu['baseline']:10.2f} / {lat_cpu[name] / lat_cpu['baseline']:.2f} "
-              f"{'-' if products is None else f'{products:.0%}':>13s}")
+              f"{'-' if fast is None else f'{fast:.0%}':>9s}")
     print(f"{'torch f32':10s} {'(float)':15s} {'':6s} {args.batch / thr['torch']:10.0f} {lat['torch'] * 1e3:7.2f} "
           f"{thr['torch'] / thr['baseline']:.2f} / {lat['torch'] / lat['baseline']:.2f}".rstrip())
     print("\nCPU time: the process's CPU seconds of the same runs (both threads; immune to waiting for a core "
           "that another process holds)")
-    print("cube products: the share of binary outputs whose pixel has every cubed count below the exact limit "
-          "and takes the cubes as products instead of lookups (refimpl/codegen/measure_tables.py)")
+    print("fast path: the share of binary outputs whose pixel takes its cubes as products and its saturating "
+          "tables' constant tails instead of lookups (refimpl/codegen/measure_tables.py)")
     print("first run: engine.load to the first batch-1 output, compile included" + (
         " (--cold: a fresh, empty epilogue cache, every genome never seen)" if args.cold else
         " (or Numba's cache when this genome was compiled before; --cold for a never-seen genome)"))

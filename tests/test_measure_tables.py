@@ -262,8 +262,13 @@ FAST_GENOMES = ["M1", "M2", "M4", "M5", "M6", "M7", "M8", "M9", "3-3-3-3-0-1-6"]
 def _pixel(rng, n_out: int, kind: str):
     """(a, b, c, d) int64 (n_out,) of one pixel (px = a + c the same in every channel). ``fast``:
     every count in [120, 260], below the cube limit and past every paper table's constant tail;
-    ``cubes``: a over [0, 700] and b, d over [0, 500] (cubes at and above the limit); ``tails``:
-    below the cube limit, but c over [0, 40] and d over [0, 20] (short of the tails)."""
+    ``cubes``: a over [0, 700] and b, d over [0, 500] (cubes at and above the limit, some counts
+    short of the tails); ``big``: a over [261, 600], c over [200, 539] and d over [150, 500] (the
+    cubes at and above the limit, every count past the tails); ``tails``: below the cube limit,
+    but c over [0, 40] and d over [0, 20] (short of the tails)."""
+    if kind == "big":
+        a, b, d = rng.integers(261, 601, n_out), rng.integers(0, 501, n_out), rng.integers(150, 501, n_out)
+        return a, b, 800 - a, d
     if kind == "fast":
         a, b, d = rng.integers(120, 141, n_out), rng.integers(120, 261, n_out), rng.integers(120, 261, n_out)
         return a, b, 260 - a, d
@@ -299,7 +304,7 @@ def _reference(genome, a, b, c, d, alpha):
 def test_epilogue_fast_and_slow_pixels_equal_refimpl_measure(genome):
     # Each kind of pixel twice; 70 channels: four vectors of 16 and a remainder.
     rng = np.random.default_rng(11)
-    kinds = ["fast", "cubes", "tails", "fast", "tails", "cubes"]
+    kinds = ["fast", "cubes", "tails", "big", "fast", "tails", "big", "cubes"]
     mod = epilogue.load(genome, "raw")
     assert mod.CUBE_TABLES and mod.CUBE_EXACT == mt.exact_cube_limit()
     a, b, c, d = (np.stack(v) for v in zip(*(_pixel(rng, 70, kind) for kind in kinds)))

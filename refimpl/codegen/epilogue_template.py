@@ -40,6 +40,7 @@ bit).
 from __future__ import annotations
 
 import ast
+import itertools
 
 from .. import _jit
 from ..conventions import BY_NAME as CONVENTIONS
@@ -180,14 +181,24 @@ def _table_rows(tables: list, s: str, p: str) -> list[str]:
     return [f"trow{k}{s} = tab{s}[{k}, toff{s}[{p}]:]" for k in range(len(tables))]
 
 
-def _measure_call(tables: list, s: str, counts: str, fast: bool = False) -> str:
-    # fast: cubes as products, tables with a constant tail as their tail value (_pixel says when).
+# The two kinds of fast lookup (measure_tables.py's module docstring): cubes of raw counts as
+# products, saturating tables as their constant tail. Each has its own per-pixel test.
+FAST_KINDS = ("cube", "tail")
+
+
+def _fast_kind(node: ast.expr, counts: str) -> str | None:
+    return "cube" if cube_count(node, counts) else "tail" if tail_candidate(node, counts) else None
+
+
+def _measure_call(tables: list, s: str, counts: str, fast: tuple = ()) -> str:
+    # fast: the kinds of FAST_KINDS this loop takes without a gather (_pixel says when).
     looked_up = ""
     for k, (count, node) in enumerate(tables):
         v = count.upper() + s
-        if fast and cube_count(node, counts):
+        kind = _fast_kind(node, counts)
+        if kind == "cube" and kind in fast:
             looked_up += f"(({v} * {v}) * {v}), "
-        elif fast and tail_candidate(node, counts):
+        elif kind == "tail" and kind in fast:
             looked_up += f"tv{k}{s}, "
         else:
             looked_up += f"trow{k}{s}[I{v}], "
@@ -195,19 +206,19 @@ def _measure_call(tables: list, s: str, counts: str, fast: bool = False) -> str:
     return f"measure_t(A{s}, B{s}, C{s}, D{s}, {looked_up}{alphas})"
 
 
-def _fast_checks(tables: list, counts: str, s: str) -> tuple[list[str], list[str], list[str]]:
-    """(per-pixel lines, the counts the check reads, its conditions of a slow pixel) of the fast
-    path: every cubed count below CUBE_EXACT, every count of a tail table at or past its tail."""
-    head, used, slow = [], set(), []
+def _fast_checks(tables: list, counts: str, s: str) -> tuple[list[str], list[str], dict[str, list[str]]]:
+    """(per-pixel lines, the counts the tests read, each kind's conditions of a slow pixel):
+    a cubed count at or above CUBE_EXACT, a count of a tail table short of its tail."""
+    head, used, slow = [], set(), {}
     for k, (count, node) in enumerate(tables):
-        v = count.upper()
-        if cube_count(node, counts):
-            used.add(v)
-            slow.append(f"{v}{s} >= CUBE_EXACT")
-        elif tail_candidate(node, counts):
-            used.add(v)
+        v, kind = count.upper(), _fast_kind(node, counts)
+        if kind == "cube":
+            slow.setdefault(kind, []).append(f"{v}{s} >= CUBE_EXACT")
+        elif kind == "tail":
             head += [f"tl{k}{s} = F(tails{s}[{k}])", f"tv{k}{s} = trow{k}{s}[tails{s}[{k}]]"]
-            slow.append(f"{v}{s} < tl{k}{s}")
+            slow.setdefault(kind, []).append(f"{v}{s} < tl{k}{s}")
+        if kind:
+            used.add(v)
     return head, [v for v in "ABCD" if v in used], slow
 
 
@@ -232,7 +243,7 @@ def _pixel(mode: str, form: str, counts: str, tables: list, fused: bool = False)
     ]
     suffixes = ("", "2") if mode == "down" else ("",)
 
-    def channel_loop(fast: bool) -> list[str]:
+    def channel_loop(fast: tuple) -> list[str]:
         body = ["for o in range(np.uint64(n_out)):"]
         for s in suffixes:
             body += [f"    {line}" for line in _counts(s, counts, tables)]
@@ -240,24 +251,32 @@ def _pixel(mode: str, form: str, counts: str, tables: list, fused: bool = False)
         return body + [f"    y = {form}", "    outrow[o] = y"]
 
     checks = [_fast_checks(tables, counts, s) for s in suffixes]
-    if any(slow for _, _, slow in checks):
-        # The fast path: a pixel whose cubed counts are all below the exact limit and whose
-        # counts of saturating tables all lie in the constant tails takes products and constants
-        # instead of gathers (measure_tables.py's module docstring says why both are exact); any
-        # other pixel looks them up. One vectorized pass over the row decides.
+    kinds = [kind for kind in FAST_KINDS if any(kind in slow for _, _, slow in checks)]
+    if kinds:
+        # The fast paths: a pixel whose cubed counts are all below the exact limit takes its
+        # cubes as products, one whose counts of saturating tables all lie in the constant tails
+        # takes the tails' values, instead of gathers (measure_tables.py's module docstring says
+        # why both are exact); any other pixel looks them up. One vectorized pass over the row
+        # tests both, and one loop per combination runs the row.
         for head, _, _ in checks:
             lines += head
-        lines += ["slow = np.uint32(0)", "for o in range(np.uint64(n_out)):"]
+        lines += [f"slow_{kind} = np.uint32(0)" for kind in kinds]
+        lines += ["for o in range(np.uint64(n_out)):"]
         for s, (_, used, slow) in zip(suffixes, checks):
             defined = _counts(s, counts, [])[:4]  # A, B, C, D in order; B, C, D read only A
             lines += [f"    {defined[0]}"] + [f"    {defined['ABCD'.index(v)]}" for v in used if v != "A"]
-            lines += [f"    slow |= np.uint32({condition})" for condition in slow]
-        lines += ["if slow == 0:"]
-        lines += [f"    {line}" for line in channel_loop(True)]
-        lines += ["else:"]
-        lines += [f"    {line}" for line in channel_loop(False)]
+            lines += [f"    slow_{kind} |= np.uint32({c})" for kind in kinds for c in slow.get(kind, [])]
+        combinations = [tuple(k for k, on in zip(kinds, bits) if on)
+                        for bits in itertools.product((True, False), repeat=len(kinds))]
+        for n, fast in enumerate(combinations):
+            if n == len(combinations) - 1:
+                lines += ["else:"]
+            else:
+                test = " and ".join(f"slow_{kind} == 0" if kind in fast else f"slow_{kind} != 0" for kind in kinds)
+                lines += [f"{'if' if n == 0 else 'elif'} {test}:"]
+            lines += [f"    {line}" for line in channel_loop(fast)]
     else:
-        lines += channel_loop(False)
+        lines += channel_loop(())
     lines += [
         # The sign bits from the row just written (in L1), by ``sign_word``'s vector compares;
         # built inside the loop above they were per-lane shifts and an or-reduction, and made
