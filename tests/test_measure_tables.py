@@ -247,6 +247,10 @@ def test_exact_cube_limit_is_the_first_count_whose_reference_cube_is_not_the_pro
     assert mt.exact_cube_limit() > 64  # a cube below 2**24 is exact: the first ties come later
 
 
+def test_the_cube_limit_is_measured_on_the_operator_tables_cube():
+    assert UNARY[mt.CUBE_CODE].formula == "x**3"
+
+
 def test_cube_count_is_raw_counts_cubed_only():
     tree, found = mt.split(Genome.parse("M5").expression())  # erf(c), a**3, exp(-d**2)
     assert [mt.cube_count(node, "raw") for _, node in found] == [None, "a", None]
