@@ -84,7 +84,7 @@ px, pw, npw = (np.full((1, 1), v, np.float32) for v in (5, 4, 6))
 out = np.zeros((1, 1, 1), np.float32)
 epilogue.kernel(epilogue.load("baseline"), "epilogue_none")(
     a, px, pw, npw, np.ones((4, 1), np.float32), np.ones(1, np.float32), np.zeros(1, np.float32),
-    np.zeros((1, 1), np.float32), np.zeros(1, np.int64), out,  # the baseline has no lookup tables
+    np.zeros((1, 1), np.float32), np.zeros(1, np.int64), np.zeros(1, np.int64), out,  # the baseline has no lookup tables
     np.zeros((1, 1, 1, 1), np.uint64), False, 1, 0, 0, 1)
 assert out[0, 0, 0] == 4  # XNOR of a, b, c, d = 3, 1, 2, 4
 """
