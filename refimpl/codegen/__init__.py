@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .epilogue_template import generate_drivers
+from .drivers_template import generate_drivers
 from .ops_template import generate_ops
 from .pack_template import generate_pack
 from .tiles_template import generate_tiles

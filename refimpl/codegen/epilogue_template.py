@@ -19,7 +19,7 @@ memory; ``fused_<mode>`` runs the GEMM itself, one tile of pixels at a time
 (``refimpl.kernels._tiles.tile_16x8_nhwc``), and consumes the tile's counts while they are in
 L1, in one parallel region per layer instead of two per group of images (faster than the two
 passes together: docs/performance.md). A genome module holds each as a serial task over a range
-of tasks (``<kernel>_task``); the parallel loop that runs it is ``generate_drivers``'s, one for
+of tasks (``<kernel>_task``); the parallel loop that runs it is ``drivers_template.py``'s, one for
 every genome (``refimpl/engine/task_call.py`` says why: a third of the compile per genome).
 
 Why generate: ``refimpl.measure`` dispatches on the operator codes per element (an ``if`` chain
@@ -49,7 +49,15 @@ from ..conventions import check_counts
 from ..formula import substitute
 from ..genome import Genome
 from ..kernels.tiling import TILE_CHANNELS, TILE_PIXELS, fused_tile_function_name
-from .measure_tables import cube_count, exact_cube_limit, lookup_arguments, split, table_functions, tail_candidate
+from .measure_tables import (
+    FAST_KINDS,
+    fast_checks,
+    fast_constants,
+    fast_lookup_arguments,
+    lookup_arguments,
+    split,
+    table_functions,
+)
 from .ops_template import to_numba
 
 
@@ -105,7 +113,7 @@ SIGNATURES = {
     "epilogue_none": f"void({_COMMON}, {_TAIL})",
     "epilogue_identity": f"void({_COMMON}, {_TAIL})",
     "epilogue_down": f"void({_COMMON}, {_COMMON}, {_TAIL})",
-    # identity takes what none takes: its residual is ``out`` itself (see _MODES)
+    # identity takes what none takes: its residual is ``out`` itself (see MODES)
     # the fused kernels take the address of the popcount tile first (``fused_tile`` below)
     "fused_none": f"void(i8, {_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
     "fused_identity": f"void(i8, {_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
@@ -127,7 +135,7 @@ TILE_CALL_SIGNATURE = "void(u8[::1], u8[::1], i8, i8[::1], i8[::1], i8, i8, i8, 
 # (nor ``measure_t``'s, which only the kernels call).
 _NO_WRAPPER = ", no_cpython_wrapper=True"
 
-_MODES = {
+MODES = {
     # residual mode -> (extra parameters, how y is formed)
     "none": ("", "fma32(m, scale[o], shift[o])"),
     # In place: ``out`` holds the residual (the previous layer's output) on entry. Each output
@@ -181,45 +189,10 @@ def _table_rows(tables: list, s: str, p: str) -> list[str]:
     return [f"trow{k}{s} = tab{s}[{k}, toff{s}[{p}]:]" for k in range(len(tables))]
 
 
-# The two kinds of fast lookup (measure_tables.py's module docstring): cubes of raw counts as
-# products, saturating tables as their constant tail. Each has its own per-pixel test.
-FAST_KINDS = ("cube", "tail")
-
-
-def _fast_kind(node: ast.expr, counts: str) -> str | None:
-    return "cube" if cube_count(node, counts) else "tail" if tail_candidate(node, counts) else None
-
-
 def _measure_call(tables: list, s: str, counts: str, fast: tuple = ()) -> str:
     # fast: the kinds of FAST_KINDS this loop takes without a gather (_pixel says when).
-    looked_up = ""
-    for k, (count, node) in enumerate(tables):
-        v = count.upper() + s
-        kind = _fast_kind(node, counts)
-        if kind == "cube" and kind in fast:
-            looked_up += f"(({v} * {v}) * {v}), "
-        elif kind == "tail" and kind in fast:
-            looked_up += f"tv{k}{s}, "
-        else:
-            looked_up += f"trow{k}{s}[I{v}], "
     alphas = ", ".join(f"al{k}{s}[o]" for k in range(4))
-    return f"measure_t(A{s}, B{s}, C{s}, D{s}, {looked_up}{alphas})"
-
-
-def _fast_checks(tables: list, counts: str, s: str) -> tuple[list[str], list[str], dict[str, list[str]]]:
-    """(per-pixel lines, the counts the tests read, each kind's conditions of a slow pixel):
-    a cubed count at or above CUBE_EXACT, a count of a tail table short of its tail."""
-    head, used, slow = [], set(), {}
-    for k, (count, node) in enumerate(tables):
-        v, kind = count.upper(), _fast_kind(node, counts)
-        if kind == "cube":
-            slow.setdefault(kind, []).append(f"{v}{s} >= CUBE_EXACT")
-        elif kind == "tail":
-            head += [f"tl{k}{s} = F(tails{s}[{k}])", f"tv{k}{s} = trow{k}{s}[tails{s}[{k}]]"]
-            slow.setdefault(kind, []).append(f"{v}{s} < tl{k}{s}")
-        if kind:
-            used.add(v)
-    return head, [v for v in "ABCD" if v in used], slow
+    return f"measure_t(A{s}, B{s}, C{s}, D{s}, {fast_lookup_arguments(tables, counts, s, fast)}{alphas})"
 
 
 def _rows(suffix: str, fused: bool) -> list[str]:
@@ -250,7 +223,7 @@ def _pixel(mode: str, form: str, counts: str, tables: list, fused: bool = False)
             body += [f"    m{s} = {_measure_call(tables, s, counts, fast)}"]
         return body + [f"    y = {form}", "    outrow[o] = y"]
 
-    checks = [_fast_checks(tables, counts, s) for s in suffixes]
+    checks = [fast_checks(tables, counts, s) for s in suffixes]
     kinds = [kind for kind in FAST_KINDS if any(kind in slow for _, _, slow in checks)]
     if kinds:
         # The fast paths: a pixel whose cubed counts are all below the exact limit takes its
@@ -331,11 +304,7 @@ def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:
         f"COUNTS = {counts!r}",
         f"N_TABLES = {len(found)}",
         f"TABLE_COUNTS = {tuple(count for count, _ in found)!r}  # the count each table reads",
-        f"CUBE_TABLES = {tuple(k for k, (_, node) in enumerate(found) if cube_count(node, counts))!r}"
-        "  # tables of a raw count's cube: products below CUBE_EXACT",
-        f"TAIL_TABLES = {tuple(k for k, (_, node) in enumerate(found) if tail_candidate(node, counts))!r}"
-        "  # tables whose constant tail replaces the lookup (tail: plan.py's measure_tables)",
-        f"CUBE_EXACT = F({float(exact_cube_limit())!r})  # refimpl/codegen/measure_tables.py's exact_cube_limit()",
+        *fast_constants(found, counts),
         "INDEX_MASK = np.uint32(0x7FFFFFFF)",
         "",
         "",
@@ -386,21 +355,23 @@ def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:
     ]
 
 
-def _epilogue_parameters(mode: str) -> str:
-    return f"a, px, pw, npw, alpha, scale, shift, tab, toff, tails{_MODES[mode][0]}, out, bits, pack, width, pad_h, pad_w, chunk"
+def epilogue_parameters(mode: str) -> str:
+    """The parameters of ``epilogue_<mode>`` (its task and its driver take them after their own)."""
+    return f"a, px, pw, npw, alpha, scale, shift, tab, toff, tails{MODES[mode][0]}, out, bits, pack, width, pad_h, pad_w, chunk"
 
 
-def _fused_parameters(mode: str) -> str:
+def fused_parameters(mode: str) -> str:
+    """The parameters of ``fused_<mode>`` (its task and its driver take them after their own)."""
     gemm_args = "xflat, wflat, k_words, taps_off, bases" + (", wflat2, taps_off2, bases2" if mode == "down" else "")
     scratch = "xscratch, bscratch, ascratch" + (", ascratch2" if mode == "down" else "") + ", pxscratch"
-    return (f"tile_fn, {gemm_args}, {scratch}, pw, npw, alpha, scale, shift, tab, toff, tails{_MODES[mode][0].replace(', a2, px2', '')}, out, bits,"
+    return (f"tile_fn, {gemm_args}, {scratch}, pw, npw, alpha, scale, shift, tab, toff, tails{MODES[mode][0].replace(', a2, px2', '')}, out, bits,"
             " pack, width, pad_h, pad_w")
 
 
 def _epilogue_function(mode: str, counts: str, tables: list) -> list[str]:
     """``epilogue_<mode>_task``: tasks task0 .. task1-1 of the epilogue of the counts a GEMM left
     in memory (``refimpl/engine/_drivers.py``'s ``epilogue_<mode>`` runs them in parallel)."""
-    extra, form = _MODES[mode]
+    extra, form = MODES[mode]
     body = [
         "",
         "",
@@ -408,7 +379,7 @@ def _epilogue_function(mode: str, counts: str, tables: list) -> list[str]:
         # that promise to vectorize the table lookups (refimpl/_jit.py's _noalias).
         # no_cpython_wrapper: a task is only called at its address (_NO_WRAPPER says why).
         f"@jit(loop_vectorize=True, noalias=True{_NO_WRAPPER})",
-        f"def epilogue_{mode}_task(task0, task1, {_epilogue_parameters(mode)}):",
+        f"def epilogue_{mode}_task(task0, task1, {epilogue_parameters(mode)}):",
         "    # Channels last: a (N, P, O) int32; px (N, P), pw and npw = n - pw (P, O) float32;",
         "    # out (N, P, O); bits (N, Hp, Wp, K) uint64 with zero borders, written when pack is True.",
         "    # A task owns one image and ``chunk`` pixels, all their channels: it alone writes",
@@ -436,7 +407,7 @@ def _epilogue_function(mode: str, counts: str, tables: list) -> list[str]:
 def _fused_function(mode: str, counts: str, tables: list) -> list[str]:
     """``fused_<mode>_task``: tiles tile0 .. tile1-1 of the GEMM and the epilogue
     (``refimpl/engine/_drivers.py``'s ``fused_<mode>`` runs them in parallel)."""
-    extra, form = _MODES[mode]
+    extra, form = MODES[mode]
     # The tile through its address (FUSED_TILE says why), called as it was when linked in.
     # np.int64(0), not 0: Numba types a literal argument as Literal[int](0), another signature.
     tile_call = "call_task(tile_fn, xflat, {w}, k_words, {taps}, {bases}, n_out, n_pixels, first, np.int64(0), n_panels, xscratch[tid], bscratch[tid], {a}, first, {px})"
@@ -446,7 +417,7 @@ def _fused_function(mode: str, counts: str, tables: list) -> list[str]:
         # No signature: compiled on first use (SIGNATURES above). SLP stays off on the byte-lookup
         # paths, as when the tile was inlined here (it re-packed the tile: refimpl/kernels/byte_dot.py).
         f"@jit(loop_vectorize=True, slp_vectorize=not BYTE_LOOKUP, noalias=True{_NO_WRAPPER})",
-        f"def fused_{mode}_task(tile0, tile1, {_fused_parameters(mode)}):",
+        f"def fused_{mode}_task(tile0, tile1, {fused_parameters(mode)}):",
         "    # The popcount GEMM and the epilogue in one loop: a task is one tile of",
         f"    # {TILE_PIXELS} pixels with all their channels; its int32 ``a`` rows go to a per-thread block",
         "    # (ascratch, a few KB, in L1) and are consumed at once, never written to memory.",
@@ -499,44 +470,6 @@ def driver_signature(name: str) -> str:
     return "void(i8, i8, " + SIGNATURES[name][len("void("):]
 
 
-def _driver(name: str, parameters: str, counting: list[str]) -> list[str]:
-    return [
-        "",
-        "",
-        "@jit(parallel=True)",
-        f"def {name}(task, parts, {parameters}):",
-        f"    # ``task``: the address of a genome module's {name}_task (refimpl/engine/task_call.py),",
-        "    # called once for each of ``parts`` equal runs of the tasks (a few per thread).",
-        *[f"    {line}" for line in counting],
-        "    parts = max(1, min(n_tasks, parts))",
-        "    for part in prange(parts):",
-        "        call_task(task, np.int64(n_tasks * part // parts), np.int64(n_tasks * (part + 1) // parts),",
-        f"                  {parameters})",
-    ]
-
-
-def generate_drivers() -> str:
-    """The text of ``refimpl/engine/_drivers.py``: the parallel loop of each kernel of a genome
-    module, compiled once for every genome (refimpl/engine/task_call.py says why)."""
-    out = [
-        '"""GENERATED by ``python -m refimpl.codegen`` from ``refimpl/codegen/epilogue_template.py``: do not edit."""',
-        "import numpy as np",
-        "from numba import prange",
-        "",
-        "from .._jit import jit",
-        "from .task_call import call_task",
-    ]
-    for mode in _MODES:
-        out += _driver(f"epilogue_{mode}", _epilogue_parameters(mode), [
-            "n_img, positions, n_out = a.shape",
-            "n_tasks = n_img * ((positions + chunk - 1) // chunk)  # (image, chunk of pixels)"])
-    for mode in _MODES:
-        out += _driver(f"fused_{mode}", _fused_parameters(mode), [
-            "n_img, positions, n_out = out.shape",
-            f"n_tasks = (n_img * positions + {TILE_PIXELS - 1}) // {TILE_PIXELS}  # tiles of {TILE_PIXELS} pixels"])
-    return "\n".join(out) + "\n"
-
-
 def generate(genome, counts: str = DEFAULT_COUNTS, tables: bool = True) -> str:
     """Source of the epilogue module for ``genome`` under the count convention ``counts``; with
     ``tables=False`` the measure's one-count subtrees are computed per output (for tests)."""
@@ -544,8 +477,8 @@ def generate(genome, counts: str = DEFAULT_COUNTS, tables: bool = True) -> str:
     check_counts(counts)
     found = measure_tables(g, tables)[1]
     out = _module_head(g, counts, tables)
-    for mode in _MODES:
+    for mode in MODES:
         out += _epilogue_function(mode, counts, found)
-    for mode in _MODES:
+    for mode in MODES:
         out += _fused_function(mode, counts, found)
     return "\n".join(out) + "\n"

@@ -181,3 +181,58 @@ def table_functions(tables: list[tuple[str, ast.expr]], counts: str) -> list[str
 def lookup_arguments(tables: list[tuple[str, ast.expr]], row: str, index: str) -> str:
     """The ``T0, T1, ...`` arguments of ``measure_t``: ``row.format(k=k)[index.format(v=count)]``."""
     return "".join(f"{row.format(k=k)}[{index.format(v=count.upper())}], " for k, (count, _) in enumerate(tables))
+
+
+# The two kinds of fast lookup (module docstring): cubes of raw counts as products, saturating
+# tables as their constant tail. Each has its own per-pixel test in the epilogue.
+FAST_KINDS = ("cube", "tail")
+
+
+def fast_kind(node: ast.expr, counts: str) -> str | None:
+    """The kind of FAST_KINDS a table is, or None (a table every pixel looks up)."""
+    return "cube" if cube_count(node, counts) else "tail" if tail_candidate(node, counts) else None
+
+
+def fast_constants(tables: list[tuple[str, ast.expr]], counts: str) -> list[str]:
+    """Module lines: which tables are cubes and saturating, and the cube limit."""
+    kinds = [fast_kind(node, counts) for _, node in tables]
+    return [
+        f"CUBE_TABLES = {tuple(k for k, kind in enumerate(kinds) if kind == 'cube')!r}"
+        "  # tables of a raw count's cube: products below CUBE_EXACT",
+        f"TAIL_TABLES = {tuple(k for k, kind in enumerate(kinds) if kind == 'tail')!r}"
+        "  # tables whose constant tail replaces the lookup (tails: plan.py's measure_tables)",
+        f"CUBE_EXACT = F({float(exact_cube_limit())!r})  # refimpl/codegen/measure_tables.py's exact_cube_limit()",
+    ]
+
+
+def fast_lookup_arguments(tables: list[tuple[str, ast.expr]], counts: str, s: str, fast: tuple) -> str:
+    """The ``T0, T1, ...`` arguments of ``measure_t`` in the epilogue, for counts ``A<s>``..: the
+    kinds in ``fast`` without a gather (a cube as ``(V * V) * V``, a tail as its value ``tv<k><s>``),
+    every other table looked up in its row ``trow<k><s>`` at the count's index ``I<V><s>``."""
+    out = ""
+    for k, (count, node) in enumerate(tables):
+        v, kind = count.upper() + s, fast_kind(node, counts)
+        if kind in fast and kind == "cube":
+            out += f"(({v} * {v}) * {v}), "
+        elif kind in fast and kind == "tail":
+            out += f"tv{k}{s}, "
+        else:
+            out += f"trow{k}{s}[I{v}], "
+    return out
+
+
+def fast_checks(tables: list[tuple[str, ast.expr]], counts: str, s: str) -> tuple[list[str], list[str], dict]:
+    """(per-pixel lines, the counts the tests read, each kind's conditions of a slow pixel) of the
+    epilogue's fast paths: a cubed count at or above CUBE_EXACT, a count of a tail table short of
+    its tail (``tails<s>[k]``, whose value ``tv<k><s>`` the lines read)."""
+    head, used, slow = [], set(), {}
+    for k, (count, node) in enumerate(tables):
+        v, kind = count.upper(), fast_kind(node, counts)
+        if kind == "cube":
+            slow.setdefault(kind, []).append(f"{v}{s} >= CUBE_EXACT")
+        elif kind == "tail":
+            head += [f"tl{k}{s} = F(tails{s}[{k}])", f"tv{k}{s} = trow{k}{s}[tails{s}[{k}]]"]
+            slow.setdefault(kind, []).append(f"{v}{s} < tl{k}{s}")
+        if kind:
+            used.add(v)
+    return head, [v for v in "ABCD" if v in used], slow
