@@ -24,7 +24,7 @@ The limit is measured at generation time on the reference's own float32 cube
 
 Constant tails: under raw counts a saturating table (``erf(c)``, ``exp(-d**2)``, ``1 + exp(-c)``)
 takes one float32 value from some count on (``erf(c)`` is 1.0 from c = 4, ``exp(-d**2)`` 0.0 from
-d = 10). The plan finds where each layer's table becomes constant, bit for bit
+d = 11). The plan finds where each layer's table becomes constant, bit for bit
 (``refimpl/engine/plan.py``'s ``measure_tables``), and a pixel whose counts all lie in those tails
 takes the value instead of a gather. Which tables to treat so is a guess made here from the
 subtree's value at large counts (``tail_candidate``); a wrong guess only costs a pixel its fast

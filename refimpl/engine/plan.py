@@ -26,7 +26,7 @@ _NO_TAILS = np.zeros(1, dtype=np.int64)
 
 
 def measure_tables(ep, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tab (K, R*L) float32, toff (P,) int64, tail (K,) int64): the lookup tables of the genome
+    """(tab (K, R*L) float32, toff (P,) int64, tails (K,) int64): the lookup tables of the genome
     module ``ep``'s one-count subtrees for windows of sizes ``n`` (P,), one row of L = max(n) + 1
     entries per distinct size (one row under raw counts, whose values do not depend on n), each
     pixel's row offset, and where each of the module's ``TAIL_TABLES`` becomes constant: the
