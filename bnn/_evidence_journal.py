@@ -55,8 +55,9 @@ def _cell_problem(row) -> str | None:
         v = row.get(field)
         if not (v is None and row["status"] != "ok") and not _accuracy(v):
             return f"has {field} {v!r}, not an accuracy in 0..1"
-    if not _number(row.get("wall_s", 0.0)) or not isinstance(row.get("host", ""), (str, type(None))):
-        return "has a wall_s or host of the wrong type"
+    if not _number(row.get("wall_s", 0.0)) or not all(isinstance(row.get(f, ""), (str, type(None)))
+                                                      for f in ("host", "cpu_kind")):
+        return "has a wall_s, host or cpu_kind of the wrong type"
     return None
 
 

@@ -34,7 +34,10 @@ def host_info(device: str | None = None) -> dict:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
+    from refimpl import isa
+
     info = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "kernel_path": isa.current_path(),
             "python": platform.python_version(), "device": device}
     if device and device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
@@ -44,6 +47,13 @@ def host_info(device: str | None = None) -> dict:
 def host_label(info: dict) -> str:
     gpu = f", {info['gpu']}" if info.get("gpu") else ""
     return f"{info['cpu']}, {info['cores']} cores{gpu}, device {info.get('device')}, torch {info['torch']}"
+
+
+def cpu_kind(info: dict) -> str:
+    """The kind of CPU a cell trained on, as pairing needs it: torch's CPU kernels round differently per
+    instruction set, so a cell on another kind is like a fresh seed (the model, torch's vector
+    capability, refimpl's kernel path)."""
+    return f"{info['cpu']}; torch {info.get('torch_cpu_capability')}; refimpl {info.get('kernel_path')}"
 
 
 def _order(entries) -> list[tuple[str, str, str]]:

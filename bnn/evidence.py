@@ -275,12 +275,13 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
             device = str(resolve_device(base.device, base.dataset))
         except ValueError as exc:
             raise GridError(str(exc)) from None
-        host = report.host_label(report.host_info(device))
+        info = report.host_info(device)
+        host, kind = report.host_label(info), report.cpu_kind(info)
         bar = _bar(len(todo), progress)
         jobs = min(jobs, len(todo))
         rows = _results_in_parallel(base, todo, configs, jobs) if jobs > 1 else _results_in_order(base, todo, configs)
         for i, (cell, result) in enumerate(rows, 1):
-            row = {**cell, **result, "device": device, "host": host}
+            row = {**cell, **result, "device": device, "host": host, "cpu_kind": kind}
             append_line(journal, row)
             done[cell["key"]] = row
             if bar is not None:
