@@ -68,10 +68,33 @@ def _order(entries) -> list[tuple[str, str, str]]:
                                          first_seen[g[0]]))
 
 
-def summarize(entries: list[dict], baseline: str = "baseline") -> list[dict]:
+def kind_of(entry: dict) -> str | None:
+    """The CPU kind a cell trained on: its ``cpu_kind``; for a cell journaled before kinds were
+    recorded, the CPU model its host label names; None where neither was recorded."""
+    if entry.get("cpu_kind"):
+        return entry["cpu_kind"]
+    host = entry.get("host")
+    return host.split(", ")[0] if host else None
+
+
+def same_kind(x: dict, y: dict) -> bool:
+    """Whether two cells may be paired: trained on one kind of CPU (torch's CPU kernels round
+    differently per instruction set, so a cell on another kind is like a fresh seed). A cell
+    without a full kind is compared by CPU model; one with no host recorded pairs with any."""
+    kx, ky = kind_of(x), kind_of(y)
+    if kx is None or ky is None:
+        return True
+    if x.get("cpu_kind") and y.get("cpu_kind"):
+        return kx == ky
+    return kx.split("; ")[0] == ky.split("; ")[0]
+
+
+def summarize(entries: list[dict], baseline: str = "baseline", family: int = 1) -> list[dict]:
     """One row per (measure, downsample, counts): mean and sample std of the test accuracy over "ok"
     runs, the other statuses counted, and the paired difference to the reference: XNOR as BNNs use
-    it, the baseline of the same downsampling on raw counts."""
+    it, the baseline of the same downsampling on raw counts, paired by seed where both arms trained
+    on one kind of CPU. ``family`` > 1 adds each row's interval at the family-wise 95% level for
+    that many comparisons (Bonferroni: 1 - 0.05 / family each), and the verdict is read from it."""
     by_group: dict[tuple[str, str, str], dict[int, dict]] = {}
     for e in entries:
         by_group.setdefault((e["measure"], e["downsample"], counts_of(e)), {})[e["seed"]] = e
@@ -88,15 +111,26 @@ def summarize(entries: list[dict], baseline: str = "baseline") -> list[dict]:
             "test_mean": _stats.mean(tests), "test_std": _stats.sample_std(tests),
             "val_mean": _stats.mean(e["val_acc"] for e in ok.values()),
             "per_seed": {str(s): (e["test_acc"] if e["status"] == "ok" else e["status"]) for s, e in sorted(cells.items())},
+            "cpu_kinds": sorted({k for e in cells.values() if (k := kind_of(e))}),
             "vs_baseline": None,
             "verdict": _no_pairs_verdict(is_reference, ok, statuses, (baseline, kind, RAW) in by_group),
         }
         base = by_group.get((baseline, kind, RAW), {})
-        seeds = [s for s in ok if base.get(s, {}).get("status") == "ok"] if not is_reference else []
+        both = [s for s in ok if base.get(s, {}).get("status") == "ok"] if not is_reference else []
+        seeds = [s for s in both if same_kind(ok[s], base[s])]
+        if both and not seeds:
+            row["verdict"] = "no pairs on one CPU kind"
         if seeds:
-            diff = _stats.paired_interval([ok[s]["test_acc"] for s in seeds], [base[s]["test_acc"] for s in seeds])
-            row["vs_baseline"] = {**diff, "seeds": seeds, "level": 0.95}
+            xs, ys = [ok[s]["test_acc"] for s in seeds], [base[s]["test_acc"] for s in seeds]
+            diff = _stats.paired_interval(xs, ys)
+            row["vs_baseline"] = {**diff, "seeds": seeds, "level": 0.95,
+                                  "other_kind_seeds": [s for s in both if s not in seeds]}
             row["verdict"] = _stats.verdict(diff["lo"], diff["hi"])
+            if family > 1:
+                level = 1.0 - 0.05 / family
+                fw = _stats.paired_interval(xs, ys, level)
+                row["vs_baseline_family"] = {**fw, "seeds": seeds, "level": level, "family": family}
+                row["verdict"] = _stats.verdict(fw["lo"], fw["hi"])
         rows.append(row)
     return rows
 
@@ -136,6 +170,9 @@ def protocol_sentence(p: dict) -> str:
 
 def markdown(results: dict) -> str:
     p, wall = results["protocol"], results["wall_s"]
+    family = results.get("family", 1)
+    family_text = (f" With {family} comparisons the verdict is read from the family-wise 95% interval (Bonferroni: "
+                   f"{100 * (1 - 0.05 / family):.2f}% each), in its own column." if family > 1 else "")
     hosts = "; ".join(results.get("cells_ran_on") or [host_label(results["host"])])
     lines = [
         f"# Evidence grid: does a searched measure beat XNOR on {p['dataset']}?",
@@ -148,18 +185,28 @@ def markdown(results: dict) -> str:
         ("Test accuracy in percent: mean and sample std over the seeds that finished \"ok\"; diverged "
          "runs are counted, not averaged. Counts: the count convention (docs/design.md section 2). The "
          "difference to XNOR (the baseline of the same downsampling on raw counts) is paired by seed "
-         "(percentage points, 95% t-interval); \"beats baseline\" only when the whole interval is above "
-         "zero, \"worse\" when it is below."),
+         "and CPU kind (percentage points, 95% t-interval); \"beats baseline\" only when the whole interval "
+         "is above zero, \"worse\" when it is below." + family_text),
         "",
-        "| measure | downsample | counts | ok / runs | diverged | test % mean | std | val % mean | vs baseline, pp [95% CI] | pairs | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| measure | downsample | counts | ok / runs | diverged | test % mean | std | val % mean | "
+        f"vs baseline, pp [95% CI] | {'family-wise CI | ' if family > 1 else ''}pairs | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if family > 1 else ""),
     ]
     for r in results["rows"]:
         d = r["vs_baseline"] or {}
         ci = f"{_pp(d.get('mean'))} [{_pp(d.get('lo'))}, {_pp(d.get('hi'))}]" if d else "-"
+        if family > 1:
+            f = r.get("vs_baseline_family") or {}
+            ci += f" | [{_pp(f.get('lo'))}, {_pp(f.get('hi'))}]" if f else " | -"
         lines.append(f"| {r['measure']} | {r['downsample']} | {r.get('counts', RAW)} | {r['n_ok']} / {r['n']} | {r['diverged']} | "
                      f"{_pct(r['test_mean'])} | {_pct(r['test_std'])} | {_pct(r['val_mean'])} | {ci} | "
                      f"{d.get('n', 0)} | {r['verdict']} |")
+    unpaired = [f"{r['measure']}/{r['downsample']}/{r.get('counts', RAW)}: seeds "
+                f"{', '.join(map(str, r['vs_baseline']['other_kind_seeds']))}"
+                for r in results["rows"] if (r["vs_baseline"] or {}).get("other_kind_seeds")]
+    if unpaired:
+        lines += ["", "Not paired (the two arms trained on different kinds of CPU; rerun both on one kind): "
+                  + "; ".join(unpaired) + "."]
     other = [f"{r['measure']}/{r['downsample']}/{r.get('counts', RAW)}: {r['rejected']} rejected, {r['error']} errors"
              for r in results["rows"] if r["rejected"] or r["error"]]
     if other:

@@ -253,7 +253,7 @@ def _cell_line(i: int, n: int, row: dict) -> str:
 
 
 def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bool = True, log=print,
-             jobs: int = 1) -> dict:
+             jobs: int = 1, family: int = 1) -> dict:
     """Train the cells not yet in the journal (``jobs`` at a time), then write the report; returns
     results.json's content."""
     t0 = time.perf_counter()
@@ -291,13 +291,14 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
                 log(_cell_line(i, len(todo), row))
         if bar is not None:
             bar.close()
-        results = build_results(saved or protocol, done, device, time.perf_counter() - t0)
+        results = build_results(saved or protocol, done, device, time.perf_counter() - t0, family)
         report.write_report(root, results, plot, log)
     return results
 
 
-def build_results(protocol: dict, done: dict[str, dict], device: str, this_run_s: float) -> dict:
-    """The grid's report: protocol, host, wall time, cells done and one summary row per measure and kind."""
+def build_results(protocol: dict, done: dict[str, dict], device: str, this_run_s: float, family: int = 1) -> dict:
+    """The grid's report: protocol, host, wall time, cells done and one summary row per measure and kind
+    (``family``: the number of comparisons a family-wise interval covers, report.summarize)."""
     entries = list(done.values())
     return {
         "protocol": protocol,
@@ -305,7 +306,8 @@ def build_results(protocol: dict, done: dict[str, dict], device: str, this_run_s
         "cells_ran_on": sorted({e["host"] for e in entries if e.get("host")}),
         "wall_s": {"cells": round(sum(e.get("wall_s", 0.0) for e in entries), 1), "this_run": round(this_run_s, 1)},
         "cells_done": len(entries),
-        "rows": report.summarize(entries),
+        "family": family,
+        "rows": report.summarize(entries, family=family),
     }
 
 
@@ -370,6 +372,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="validation images held out of the training set, 0..(training images - 1)")
     p.add_argument("--jobs", type=positive_int, default=1,
                    help="cells trained at once, each in its own process with cores/jobs threads (default 1)")
+    p.add_argument("--family", type=positive_int, default=1,
+                   help="comparisons against XNOR that one conclusion rests on: the report adds each row's family-wise "
+                        "95%% interval (Bonferroni, 1 - 0.05/FAMILY each) and reads the verdict from it (default 1)")
     p.add_argument("--smoke", action="store_true", help="a tiny grid on digits: baseline,M1 x seeds 0,1 x 1 epoch of 3 steps")
     p.add_argument("--table-only", action="store_true", help="rewrite the report from the journal, train nothing")
     p.add_argument("--json", action="store_true", help="print results.json's content as the last line of stdout")
@@ -422,7 +427,7 @@ def setup(args) -> tuple[str, object, list[dict]]:
     return root, base, cells
 
 
-def table_only(root: str, plot: bool, log) -> dict:
+def table_only(root: str, plot: bool, log, family: int = 1) -> dict:
     """Tabulate the cells a root's journal already holds (``--table-only``): write the report, return the results."""
     if not os.path.isfile(os.path.join(root, "journal.jsonl")):
         raise GridError(f"{root} has no journal to tabulate; run the grid first")
@@ -430,7 +435,7 @@ def table_only(root: str, plot: bool, log) -> dict:
         saved, done = read_journal(os.path.join(root, "journal.jsonl"), log)
         if saved is None:
             raise GridError(f"{root} has no journal to tabulate; run the grid first")
-        results = build_results(saved, done, "n/a", 0.0)
+        results = build_results(saved, done, "n/a", 0.0, family)
         report.write_report(root, results, plot, log)
     return results
 
@@ -447,11 +452,11 @@ def main(argv=None) -> int:
     try:
         root, base, cells = setup(args)
         if args.table_only:
-            results = table_only(root, args.plot, log)
+            results = table_only(root, args.plot, log, args.family)
         else:
             check_data(base)  # a split the data set cannot hold is refused before the root is made
             results = run_grid(root, base, cells, progress=not args.no_progress, plot=args.plot, log=log,
-                               jobs=args.jobs)
+                               jobs=args.jobs, family=args.family)
     except (GridError, OSError) as exc:  # OSError: a journal or report write failed (a full disk)
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
