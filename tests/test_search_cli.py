@@ -138,7 +138,7 @@ def test_train_size_is_part_of_the_fitness_setting_and_trains_on_that_subset(tmp
     worker = Worker("train", cfg.train_dict())
     result = worker.run({"seq": 0, "genome": "0-0-0-0-0-0-1", "reject_below": None})
     assert result["status"] == "ok", result
-    assert len(worker._data.train_y) == 100
+    assert [len(d.train_y) for d in worker._data.values()] == [100]
 
 
 def test_the_count_convention_is_recorded_and_a_resume_cannot_change_it(tmp_path):

@@ -18,6 +18,7 @@ from ..settings import DEFAULT_MODEL, FITNESS, MEASURE_IMPLS, PAPER_POPULATION, 
 from . import journal as jr
 from .fitness import fitness_config, parse_fitness_spec
 from .ga import Thresholds
+from .ladder import parse_rungs
 from .loop import SEARCH_FIELDS, Search, SearchConfig
 from .report import prepare_outputs
 
@@ -66,6 +67,20 @@ def _ints(text):
 
 
 _positive = positive_int
+
+
+def _rungs(text):
+    try:
+        return parse_rungs(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--rungs: ")) from None
+
+
+def _fraction(text):
+    v = positive_float(text)
+    if v > 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
+    return v
 
 
 def _preset_limit(key: str) -> str:
@@ -143,6 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--paper-faithful", action="store_true",
                    help="Algorithm 1 as written: no cache, no functional equivalence, no screening (every "
                         "candidate is trained), and a genome already in the population may enter again")
+    f = p.add_argument_group("fitness design (bnn/search/ladder.py; default: Algorithm 1's one training)")
+    f.add_argument("--rungs", type=_rungs, metavar="E:N[:K],...",
+                   help="multi-fidelity fitness: every candidate trains E epochs on N images (or 'all') with K seeds "
+                        "on the first rung; the best --promote fraction climbs to the next, dearer rung; the GA "
+                        "ranks by the rung reached, then the score there. Replaces --epochs and --train-size")
+    f.add_argument("--paired", action="store_true", default=None,
+                   help="score = validation accuracy minus XNOR's on the same seed, images and epochs (XNOR trained "
+                        "once per rung and seed)")
+    f.add_argument("--promote", type=_fraction, help="fraction of each rung promoted to the next, in (0, 1] (default 1/3)")
     g.add_argument("--no-cache", action="store_true", help="train genomes seen before again")
     g.add_argument("--no-equivalence", action="store_true", help="do not reuse fitness of functionally equal measures")
     g.add_argument("--no-screening", action="store_true", help="train constant and mostly non-finite measures too")
@@ -175,6 +199,15 @@ def _config_from_args(args) -> tuple[SearchConfig, Path, bool]:
                        "(use --backend local or ray, or drop --backend)")
     explicit = {f.name: getattr(args, f.name) for f in fields(SearchConfig)
                 if getattr(args, f.name, None) is not None}
+    ladder = [f"--{k}" for k in ("rungs", "paired", "promote") if getattr(args, k, None)]
+    if ladder and args.paper_faithful:
+        raise CliError(f"--paper-faithful is Algorithm 1's one training per candidate; drop {ladder[0]}")
+    if args.rungs and {"epochs", "train_size"} & set(explicit):
+        raise CliError("--rungs sets each rung's epochs and images; drop --epochs and --train-size")
+    if ladder and args.reuse:
+        raise CliError(f"--reuse reads one-training journals; it cannot feed {ladder[0]}")
+    if args.rungs:  # the first rung is the search's own budget (what its threshold T judges)
+        explicit.update(epochs=args.rungs[0]["epochs"], train_size=args.rungs[0]["train_size"])
     if args.paper_faithful:
         explicit.update(cache=False, equivalence=False, screening=False, unique_members=False)
     for flag, key in (("no_cache", "cache"), ("no_equivalence", "equivalence"), ("no_screening", "screening")):
@@ -263,7 +296,8 @@ def _validate_training(cfg: SearchConfig, download: bool = False) -> None:
         fitness_config(cfg.train_dict(), "baseline").validate()
         # A missing or corrupt data set, or a split it cannot hold, fails here, not in a worker.
         train_y = read_arrays(key, cfg.data_dir, download)[1]
-        check_split_sizes(key, len(train_y), cfg.val_size, cfg.train_size)
+        for size in {cfg.train_size, *(r["train_size"] for r in cfg.rungs or ())}:  # every rung's subset
+            check_split_sizes(key, len(train_y), cfg.val_size, size)
     except Exception as exc:  # noqa: BLE001 - any of them is a bad input, reported in one line
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CliError(msg) from None

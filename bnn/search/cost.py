@@ -70,9 +70,39 @@ def cost(events: list[dict]) -> dict:
         outcomes[status] = {"n": len(secs), "median_s": statistics.median(secs) if secs else None, "mean_s": mean(secs), "total_s": sum(secs)}
     train_s = sum(o["total_s"] for o in outcomes.values())
     wall = _segments_wall(events)
-    return {"evaluations": len(results), "trainings": len(trained), "by_source": by_source,
-            "trained_by_status": outcomes, "training_s": train_s, "wall_s": wall,
-            "evaluations_per_hour": 3600.0 * len(results) / wall if wall > 0 else None}
+    out = {"evaluations": len(results), "trainings": len(trained), "by_source": by_source,
+           "trained_by_status": outcomes, "training_s": train_s, "wall_s": wall,
+           "evaluations_per_hour": 3600.0 * len(results) / wall if wall > 0 else None}
+    rungs = ladder_cost(events)
+    if rungs:  # a ladder search (bnn/search/ladder.py): its trainings are its rung and reference lines
+        out.update(ladder=rungs, trainings=sum(r["trained"] for r in rungs) + sum(r["references"] for r in rungs),
+                   training_s=sum(r["training_s"] for r in rungs))
+        out["training_s_per_candidate"] = out["training_s"] / len(results) if results else None
+    return out
+
+
+def _secs(e: dict) -> float:
+    v = e.get("wall_s")
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else 0.0
+
+
+def ladder_cost(events: list[dict]) -> list[dict]:
+    """Per rung of a ladder search: trainings and cache answers, how many candidates ended there or
+    above, XNOR's references and the seconds all of them took; [] for an Algorithm 1 journal."""
+    lines = [e for e in events if e.get("type") in ("rung", "reference") and isinstance(e.get("rung"), int)]
+    if not lines:
+        return []
+    ends = [e["rung"] for e in events if e.get("type") == "result" and isinstance(e.get("rung"), int)]
+    out = []
+    for r in range(max(e["rung"] for e in lines) + 1):
+        mine = [e for e in lines if e["rung"] == r]
+        trained = [e for e in mine if e["type"] == "rung" and e.get("source") == _TRAINED]
+        refs = [e for e in mine if e["type"] == "reference"]
+        out.append({"rung": r, "trained": len(trained), "cached": sum(e["type"] == "rung" for e in mine) - len(trained),
+                    "references": len(refs), "reached": sum(x >= r for x in ends),
+                    "median_s": statistics.median([_secs(e) for e in trained]) if trained else None,
+                    "training_s": sum(_secs(e) for e in trained + refs)})
+    return out
 
 
 def _key(genome: str, counts: str) -> str:
@@ -83,7 +113,7 @@ def journal_fitness(events: list[dict], counts: str) -> dict[str, float]:
     """Fitness per genome/convention of every training the search ran itself."""
     out = {}
     for r in events:
-        if r.get("type") == "result" and r.get("source") == _TRAINED and isinstance(r.get("fitness"), (int, float)):
+        if r.get("type") == "result" and r.get("source") in (_TRAINED, "ladder") and isinstance(r.get("fitness"), (int, float)):
             out[_key(r["genome"], counts)] = float(r["fitness"])
     return out
 
@@ -177,6 +207,12 @@ def markdown(c: dict, ranks: list[tuple[str, list[dict], float | None]]) -> str:
     lines += ["", "| trained, outcome | n | median s | mean s | total min |", "|---|---|---|---|---|"]
     lines += [f"| {k} | {o['n']} | {_s(o['median_s'])} | {_s(o['mean_s'])} | {_s(o['total_s'] / 60)} |"
               for k, o in c["trained_by_status"].items()]
+    if c.get("ladder"):
+        lines += ["", f"A ladder: {_s(c['training_s_per_candidate'])} s of training per candidate", "",
+                  "| rung | trained | from cache | XNOR references | candidates reaching it | median s | total min |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['rung']} | {r['trained']} | {r['cached']} | {r['references']} | {r['reached']} | "
+                  f"{_s(r['median_s'])} | {_s(r['training_s'] / 60)} |" for r in c["ladder"]]
     for title, pairs, rho in ranks:
         lines += ["", f"{title}: Spearman rho = {_s(rho, 2)} over {len(pairs)} cells", "",
                   "| cell | genome | short | full test % | full runs |", "|---|---|---|---|---|"]

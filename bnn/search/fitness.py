@@ -277,17 +277,21 @@ def planted_target(seed: int) -> tuple[int, ...]:
     return tuple(int(x) for x in rng.integers(0, gene_limits()))
 
 
-def synthetic_result(genome: str, seed: int, epochs: int, reject_below: float | None) -> dict:
+def synthetic_result(genome: str, seed: int, epochs: int, reject_below: float | None,
+                     budget: dict | None = None) -> dict:
     """A cheap stand-in for training: a known function of the genome plus seeded noise.
 
     Accuracy rises with the number of genes equal to ``planted_target(seed)``; the noise is seeded
     by (seed, genome), so the same genome always gets the same result (as seeded CPU training
     does), which the cache and the resume tests rely on. About 5% of genomes "diverge".
+    ``budget`` (a ladder's rung: training seed and images) seeds the noise too, so a rung's
+    trainings differ from each other as real ones do.
     """
     codes = Genome.parse(genome).codes
     target = planted_target(seed)
     match = sum(int(a == b) for a, b in zip(codes, target)) / len(codes)
-    rng = np.random.Generator(np.random.PCG64([seed, *codes]))
+    extra = [] if budget is None else [int(budget.get("seed") or 0), int(budget.get("train_size") or 0), epochs]
+    rng = np.random.Generator(np.random.PCG64([seed, *codes, *extra]))
     noise = rng.normal(0.0, 0.01, size=epochs)
     final = 0.3 + 0.65 * match  # 0.3 for no matching gene, 0.95 at the planted optimum
     # Learning curve: 70% of the final accuracy after epoch 1, approaching it geometrically.
@@ -328,7 +332,7 @@ class Worker:
     def __init__(self, fitness_spec: str, train: dict):
         self.spec = parse_fitness_spec(fitness_spec)
         self.train = dict(train)
-        self._data = None
+        self._data: dict = {}  # train_size -> the data set on the device (a ladder's rungs differ in it)
 
     def run(self, job: dict) -> dict:
         """Never raises: an application error is a result with status "error"."""
@@ -354,21 +358,22 @@ class Worker:
                 raise RuntimeError("synthetic failure requested for this genome")
             if s["delay"]:
                 time.sleep(s["delay"])
-            return synthetic_result(job["genome"], s["seed"], self.train["epochs"], job.get("reject_below"))
+            epochs = job.get("train", {}).get("epochs", self.train["epochs"])
+            return synthetic_result(job["genome"], s["seed"], epochs, job.get("reject_below"), job.get("train"))
         return self._train(job)
 
     def _train(self, job: dict) -> dict:
         from bnn.train import TrainConfig, resolve_device, train_model  # torch only when training
 
-        t = self.train
-        if self._data is None:
+        t = {**self.train, **job.get("train", {})}  # a ladder's rung overrides epochs, images and seed
+        if t.get("train_size") not in self._data:
             from bnn.data import load_dataset
 
             device = resolve_device(t["device"], t["dataset"])
             # The validation split is TrainConfig's (split_seed), not the training seed: every
             # candidate is scored on the same held-out images.
-            self._data = load_dataset(t["dataset"], t.get("data_dir"), t.get("val_size"), TrainConfig.split_seed,
-                                      device, train_size=t.get("train_size"))
+            self._data[t.get("train_size")] = load_dataset(t["dataset"], t.get("data_dir"), t.get("val_size"),
+                                                           TrainConfig.split_seed, device, train_size=t.get("train_size"))
         cfg = fitness_config(t, job["genome"])
         import warnings
 
@@ -376,6 +381,6 @@ class Worker:
             # A diverged step skips optimizer.step(); torch then warns about the scheduler order
             # on every such candidate, which says nothing about the search.
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
-            res = train_model(cfg, data=self._data, reject_below=job.get("reject_below"), progress=False)
+            res = train_model(cfg, data=self._data[t.get("train_size")], reject_below=job.get("reject_below"), progress=False)
         d = res.to_dict() if hasattr(res, "to_dict") else dict(res.__dict__)
         return {k: d.get(k) for k in _RESULT_KEYS}

@@ -143,17 +143,20 @@ class GeneticSearch:
         self.in_flight[seq] = p
         return p
 
-    def tell(self, seq: int, fitness: float) -> dict:
-        """Fitness of proposal ``seq``. Returns what happened: ``{"entered": bool, "rank": int|None}``."""
+    def tell(self, seq: int, fitness: float, accuracy: float | None = None) -> dict:
+        """Fitness of proposal ``seq``. Returns what happened: ``{"entered": bool, "rank": int|None}``.
+        ``accuracy``: what the threshold T judges when the fitness is not an accuracy (a ladder's
+        value, bnn.search.ladder); the fitness itself otherwise."""
         p = self.in_flight.pop(seq)
         fitness = float(fitness)
+        judged = fitness if accuracy is None else float(accuracy)
         m = Member(p.genome, fitness, seq)
         out = {"entered": False, "rank": None}
         if p.kind == "baseline":
             self.baseline = m
             out["entered"] = True
         elif p.kind == "init":
-            if fitness > p.threshold:  # line 5: kept only if fitness(M) > T (strictly)
+            if judged > p.threshold:  # line 5: kept only if fitness(M) > T (strictly)
                 if self.formed:
                     out = self._compete(m)
                 elif len(self.kept) < self.size - 1:

@@ -23,10 +23,8 @@ import contextlib
 import json
 import math
 import os
-import signal
 import statistics
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,18 +36,21 @@ from ..settings import FITNESS, MEASURE_IMPL_BEFORE, PAPER_POPULATION, from_mapp
 from . import journal as jr
 from .fitness import FitnessCache, fitness_of, parse_fitness_spec
 from .ga import GeneticSearch, Thresholds
+from .interrupt import Interrupts
+from .ladder_run import LadderRun
 
 # Fields that define what a search computes: fixed at start, taken from the journal on resume.
 SEARCH_FIELDS = ("dataset", "model", "downsample", "counts", "measure_impl", "epochs", "population", "seed", "thresholds", "threshold_steps",
                  "batch_size", "lr", "val_size", "train_size", "train_seed", "fitness", "cache", "equivalence",
-                 "screening", "unique_members", "reuse")
+                 "screening", "unique_members", "reuse", "rungs", "paired", "promote")
 # Fields that must match for another run's trainings to be reused (--reuse).
 TRAIN_FIELDS = ("dataset", "model", "downsample", "counts", "epochs", "batch_size", "lr", "val_size", "train_size", "train_seed",
                 "fitness")
 # Longest wait on a worker pool between two looks for a Ctrl-C (seconds).
 POLL_S = 1.0
 # What a journal written before a field existed computed: its start event lacks the key.
-JOURNAL_DEFAULTS = {"downsample": "binary", "counts": "raw", "train_size": None, "measure_impl": MEASURE_IMPL_BEFORE}
+JOURNAL_DEFAULTS = {"downsample": "binary", "counts": "raw", "train_size": None, "measure_impl": MEASURE_IMPL_BEFORE,
+                    "rungs": None, "paired": False, "promote": 1 / 3}
 
 
 @dataclass
@@ -79,6 +80,11 @@ class SearchConfig:
     screening: bool = True
     unique_members: bool = True  # a genome already in the population does not enter again
     reuse: list = field(default_factory=list)
+    # The ladder (bnn.search.ladder): rungs of {epochs, train_size, seeds}, None = Algorithm 1's one
+    # training; paired = fitness minus XNOR's on the same seed and budget; the fraction promoted.
+    rungs: list | None = None
+    paired: bool = False
+    promote: float = 1 / 3
     # run control: may change on --resume
     max_evaluations: int | None = None
     max_trainings: int | None = None
@@ -140,6 +146,7 @@ class Search:
         self.t_start = self.t_run = time.time()
         self.busy_s = 0.0
         self._bar = None
+        self.ladder = LadderRun(self) if cfg.rungs or cfg.paired else None
 
     # -- setup -------------------------------------------------------------------------------------
     def load_reuse(self) -> int:
@@ -194,6 +201,8 @@ class Search:
     def _replay(self, path: Path, events: list[dict]) -> None:
         for e in events[1:]:
             t = e.get("type")
+            if self.ladder is not None and t in ("reference", "rung"):
+                self.ladder.replay(e)
             if t == "proposal":
                 p = self.ga.propose()
                 if p.seq != e["seq"] or p.genome != e["genome"]:
@@ -201,7 +210,11 @@ class Search:
                         f"{path}: replay diverged at evaluation {e['seq']} (journal {e['genome']}, "
                         f"replay {p.genome}); the journal was written by different code or settings")
                 self.proposals[p.seq] = p.to_dict()
+                if self.ladder is not None:
+                    self.ladder.replay(e)
             elif t == "result":
+                if self.ladder is not None:
+                    self.ladder.replay(e)
                 self._apply_result(e, replay=True)
 
     def _make_evaluator(self):
@@ -232,9 +245,9 @@ class Search:
     def run(self) -> str:
         """Run until a stop condition; returns the stop reason. KeyboardInterrupt (Ctrl-C)
         propagates after the evaluator is closed (the journal is already consistent at every
-        line); see ``_CtrlC`` for where it is raised."""
+        line); see ``Interrupts`` for where it is raised."""
         self.t_run = time.time()
-        with _CtrlC() as ctrl_c:
+        with Interrupts() as ctrl_c:
             self.evaluator = self._make_evaluator()
             try:
                 self._loop(ctrl_c)
@@ -245,9 +258,11 @@ class Search:
                     self._bar.close()
         return self.stop_reason
 
-    def _loop(self, ctrl_c: "_CtrlC") -> None:
+    def _loop(self, ctrl_c: Interrupts) -> None:
         self._open_bar()
-        for seq in sorted(self.ga.in_flight):  # resumed: what the killed process was running
+        if self.ladder is not None:
+            self.ladder.restart()
+        for seq in sorted(self.ga.in_flight) if self.ladder is None else ():  # resumed: what the killed process ran
             self._dispatch(self.ga.in_flight[seq])
         while True:
             ctrl_c.check()
@@ -295,6 +310,9 @@ class Search:
         return None
 
     def _dispatch(self, p) -> None:
+        if self.ladder is not None:
+            self.ladder.dispatch_new(p)
+            return
         hit = self.cache.lookup(p.genome, p.threshold)
         if hit is not None:
             source, res, dup = hit
@@ -312,7 +330,10 @@ class Search:
         self.journal.flush()  # visible to a reader before work starts (fsynced with its result)
         self.evaluator.submit({"seq": p.seq, "genome": p.genome, "reject_below": p.threshold})
 
-    def _finish_training(self, seq: int, res: dict) -> None:
+    def _finish_training(self, seq, res: dict) -> None:
+        if self.ladder is not None:
+            self.ladder.on_done(seq, res)
+            return
         key = self.training_hash.pop(seq, None)
         self._finish(seq, res, "train", None)
         for p in self.parked.pop(key, []) if key else []:
@@ -338,7 +359,7 @@ class Search:
             self.cache.record(e["genome"], e, e.get("hash"))
             if replay:
                 self.trainings_started += 1
-        out = self.ga.tell(seq, e["fitness"])
+        out = self.ga.tell(seq, e["fitness"], accuracy=e.get("accuracy"))
         e["entered"], e["rank"] = out["entered"], out["rank"]
         if not replay:
             self.journal.append(e)  # after tell: "entered"/"rank" are part of the record
@@ -380,7 +401,7 @@ class Search:
     def summary_counts(self) -> dict:
         """Tallies so far: evaluations, trainings, savings by source, rejected, diverged, errors."""
         src, st = self.counts["source"], self.counts["status"]
-        return {
+        counts = {
             "evaluations": len(self.results),
             "trainings": src.get("train", 0),
             "saved_by_cache": src.get("cache", 0) + src.get("reuse", 0),
@@ -391,6 +412,9 @@ class Search:
             "diverged": st.get("diverged", 0),
             "errors": st.get("error", 0),
         }
+        if self.ladder is not None:  # a ladder's evaluation is several trainings (or cache answers)
+            counts.update(self.ladder.counts(), saved_by_equivalence=0)
+        return counts
 
     def leaderboard(self) -> list[dict]:
         """The population (or the members kept so far) as rows, best first."""
@@ -400,7 +424,8 @@ class Search:
             g = Genome.parse(m.genome)
             rows.append({"rank": rank, "genome": m.genome, "name": g.name, "formula": g.formula(),
                          "fitness": m.fitness, "epochs": e.get("epochs"), "status": e.get("status"),
-                         "source": e.get("source"), "evaluation": m.seq})
+                         "source": e.get("source"), "evaluation": m.seq,
+                         **({"rung": e.get("rung"), "score": e.get("score")} if self.ladder is not None else {})})
         return rows
 
     def summary(self) -> dict:
@@ -427,49 +452,8 @@ class Search:
             "wall_s": wall,
             "engine_overhead_ms_per_evaluation": (1000 * engine / done_here) if done_here > 0 else None,
             "run_dir": str(self.run_dir),
+            **({"ladder": self.ladder.summary()} if self.ladder is not None else {}),
         })
-
-
-class _CtrlC:
-    """SIGINT while a search runs: always noted, raised as KeyboardInterrupt only at the top of the
-    engine's loop and inside a training that runs in this process. Raised anywhere else it could
-    be lost: Numba compiles the screening's measures through ctypes callbacks, which print and
-    swallow an exception, and a pool search then ran on for minutes as if nothing had happened
-    (so did its workers, restarted after the same Ctrl-C killed them during their imports). Nor
-    can it cut a journal line or a worker's start in half. Only the main thread can own the
-    handler; elsewhere SIGINT keeps its usual behaviour."""
-
-    def __init__(self):
-        self.requested = False
-        self._raise_now = False
-        self._previous = None
-
-    def __enter__(self) -> "_CtrlC":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
-    def _handler(self, signum, frame) -> None:
-        self.requested = True
-        if self._raise_now:
-            raise KeyboardInterrupt
-
-    def check(self) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-
-    @contextlib.contextmanager
-    def interruptible(self):
-        self.check()
-        self._raise_now = True
-        try:
-            yield
-        finally:
-            self._raise_now = False
 
 
 def visible_gpus() -> list[str]:

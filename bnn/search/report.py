@@ -25,12 +25,16 @@ def leaderboard_text(search: Search, top: int | None = None) -> str:
     if not rows:
         return "leaderboard: no member yet (initialization has kept nobody)"
     title = "population" if search.ga.formed else "initialization so far (population not formed yet)"
-    lines = [f"{title}, best first:",
-             f"{'rank':>4}  {'genome':<28} {'fitness':>7}  {'epochs':>6}  formula"]
+    ladder = "rung" in rows[0]  # ranked by the rung reached, then the score there (bnn/search/ladder.py)
+    paired = ladder and search.cfg.paired
+    head = (f"{'rung':>4}  {'vs XNOR' if paired else 'score':>8}" if ladder else f"{'fitness':>7}")
+    lines = [f"{title}, best first:", f"{'rank':>4}  {'genome':<28} {head}  {'epochs':>6}  formula"]
     for r in rows:
         name = f" ({r['name']})" if r["name"] else ""
         epochs = "" if r["epochs"] is None else str(r["epochs"])
-        lines.append(f"{r['rank']:>4}  {r['genome'] + name:<28} {r['fitness']:>7.4f}  {epochs:>6}  {r['formula']}")
+        value = (f"{r['rung']:>4}  {r['score']:>+8.4f}" if paired else f"{r['rung']:>4}  {r['score']:>8.4f}") \
+            if ladder else f"{r['fitness']:>7.4f}"
+        lines.append(f"{r['rank']:>4}  {r['genome'] + name:<28} {value}  {epochs:>6}  {r['formula']}")
     s = search.summary_counts()
     lines.append(
         f"{s['evaluations']} evaluations, {s['trainings']} trainings; saved by cache {s['saved_by_cache']}, "
