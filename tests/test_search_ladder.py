@@ -245,3 +245,13 @@ def test_cost_counts_each_rungs_trainings_cache_answers_and_references(uninterru
         assert row["references"] == (2 if rung == 2 else 1)
         assert row["reached"] == sum(e["type"] == "result" and e["rung"] >= rung for e in events)
     assert c["cost"]["trainings"] == 45
+
+
+def test_the_progress_line_shows_how_many_candidates_each_rung_scored(tmp_path):
+    d = tmp_path / "run"
+    r = cli("--fitness", "synthetic:5", "--population", "4", "--rungs", "1:100,2:200", "--paired",
+            "--max-evaluations", "10", "--run-dir", d)
+    assert r.returncode == 0, r.stderr
+    last = r.stderr.replace("\r", "\n").split("rungs=")[-1].split(",")[0]
+    ends = [e["rung"] for e in _journal(d) if e["type"] == "result" and e["source"] == "ladder"]
+    assert last == f"{sum(x >= 0 for x in ends)}/{sum(x >= 1 for x in ends)}"

@@ -166,6 +166,10 @@ class LadderRun:
             if d[0] == "final":
                 self.pending[d[1]] = d
 
+    def progress(self) -> str:
+        """The progress line's view: candidates scored on each rung so far, e.g. ``14/5/2``."""
+        return "/".join(str(len(x)) for x in self.ladder.scores)
+
     def counts(self) -> dict:
         """The search's tallies as trainings count them (the engine's counts are of evaluations)."""
         st, cached = self.tally["status"], sum(self.tally["cached"])

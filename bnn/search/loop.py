@@ -391,9 +391,10 @@ class Search:
         s = self.summary_counts()
         members = self.ga.members()
         # Postfix before update(): update() redraws, and must show the new counts.
+        extra = {} if self.ladder is None else {"rungs": self.ladder.progress()}
         self._bar.set_postfix(best=f"{members[0].fitness:.4f}" if members else "-", trained=s["trainings"],
                               rejected=s["rejected"], cached=s["saved_by_cache"] + s["saved_by_equivalence"],
-                              screened=s["saved_by_screening"], refresh=e is None)
+                              screened=s["saved_by_screening"], **extra, refresh=e is None)
         if e is not None:
             self._bar.update(1)
 
