@@ -135,3 +135,34 @@ def spearman(xs, ys) -> float | None:
     if sxx == 0 or syy == 0:
         return None
     return sxy / math.sqrt(sxx * syy)
+
+
+def bootstrap_spearman(xs, ys, resamples: int = 2000, level: float = 0.95, seed: int = 0):
+    """Percentile bootstrap interval (lo, hi) of Spearman's rho: the pairs resampled with replacement
+    ``resamples`` times from a seeded generator (the same pairs give the same interval), resamples
+    where rho is undefined (a constant side) left out; (None, None) below 3 pairs."""
+    import random
+
+    n = len(xs)
+    if n < 3:
+        return None, None
+    rng = random.Random(seed)
+    values = []
+    for _ in range(resamples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        r = spearman([xs[i] for i in idx], [ys[i] for i in idx])
+        if r is not None:
+            values.append(r)
+    if not values:
+        return None, None
+    values.sort()
+    # The empirical quantile: the smallest resampled rho whose share at or below it reaches q.
+    # q * n is rounded first: (1 - 0.95) / 2 * 2000 is 50.00000000000004 in binary, whose ceiling is 51, not 50.
+    quantile = lambda q: values[min(len(values) - 1, max(0, math.ceil(round(q * len(values), 9)) - 1))]  # noqa: E731
+    return quantile((1.0 - level) / 2.0), quantile((1.0 + level) / 2.0)
+
+
+def top_agreement(xs, ys, k: int = 3) -> int:
+    """How many of the k pairs ranked best by ``xs`` are also among the k best by ``ys`` (ties: the earlier pair first)."""
+    top = lambda v: set(sorted(range(len(v)), key=lambda i: -v[i])[:k])  # noqa: E731
+    return len(top(list(xs)) & top(list(ys)))

@@ -27,7 +27,7 @@ from pathlib import Path
 from refimpl.fileio import OutputError, read_regular
 
 from .._evidence_journal import append_line
-from .._stats import mean, spearman
+from .._stats import bootstrap_spearman, mean, spearman, top_agreement
 from ..runlock import RunDirInUse, hold_run_dir
 from .journal import JOURNAL, JournalError, read
 from .loop import SearchConfig
@@ -155,6 +155,18 @@ def grid_rows(root: str) -> list[dict]:
     return [r for r in rows if isinstance(r, dict) and r.get("n_ok") and isinstance(r.get("test_mean"), float)]
 
 
+def grid_cell_seconds(root: str) -> float | None:
+    """The mean training seconds of one cell of an evidence grid (its results.json's wall time over
+    its cells), or None where the file does not say: what a candidate's cost is compared with."""
+    try:
+        data = json.loads(read_regular(Path(root) / "results.json"))
+        secs, n = data["wall_s"]["cells"], data["cells_done"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (secs, n))
+    return secs / n if ok and n > 0 and secs > 0 else None
+
+
 def _label(row: dict) -> str:
     return f"{row.get('measure')} {row.get('counts', 'raw')}"
 
@@ -207,6 +219,10 @@ def markdown(c: dict, ranks: list[tuple[str, list[dict], float | None]]) -> str:
     lines += ["", "| trained, outcome | n | median s | mean s | total min |", "|---|---|---|---|---|"]
     lines += [f"| {k} | {o['n']} | {_s(o['median_s'])} | {_s(o['mean_s'])} | {_s(o['total_s'] / 60)} |"
               for k, o in c["trained_by_status"].items()]
+    if c.get("cost_per_candidate"):
+        k = c["cost_per_candidate"]
+        lines += ["", f"Training per candidate: {_s(k['training_s'])} s, {_s(k['fraction_of_full'], 3)} of a full-recipe "
+                      f"cell ({_s(k['full_recipe_cell_s'])} s, the --full grid's mean)"]
     if c.get("ladder"):
         lines += ["", f"A ladder: {_s(c['training_s_per_candidate'])} s of training per candidate", "",
                   "| rung | trained | from cache | XNOR references | candidates reaching it | median s | total min |",
@@ -214,11 +230,23 @@ def markdown(c: dict, ranks: list[tuple[str, list[dict], float | None]]) -> str:
         lines += [f"| {r['rung']} | {r['trained']} | {r['cached']} | {r['references']} | {r['reached']} | "
                   f"{_s(r['median_s'])} | {_s(r['training_s'] / 60)} |" for r in c["ladder"]]
     for title, pairs, rho in ranks:
-        lines += ["", f"{title}: Spearman rho = {_s(rho, 2)} over {len(pairs)} cells", "",
+        lo, hi = bootstrap_spearman([p["short"] for p in pairs], [p["full"] for p in pairs])
+        top = top_agreement([p["short"] for p in pairs], [p["full"] for p in pairs]) if len(pairs) > 3 else None
+        agree = "" if top is None else f"; the top 3 agree on {top} of 3"
+        lines += ["", f"{title}: Spearman rho = {_s(rho, 2)} [{_s(lo, 2)}, {_s(hi, 2)}, 95% bootstrap] over "
+                      f"{len(pairs)} cells{agree}", "",
                   "| cell | genome | short | full test % | full runs |", "|---|---|---|---|---|"]
         lines += [f"| {p['cell']} | {p['genome']} | {100 * p['short']:.2f} | {100 * p['full']:.2f} | {p['full_n']} |"
                   for p in sorted(pairs, key=lambda p: -p["full"])]
     return "\n".join(lines) + "\n"
+
+
+def rank_summary(title: str, pairs: list[dict], rho) -> dict:
+    """A rank correlation as JSON: its pairs, rho, rho's 95% bootstrap interval and the top 3's agreement."""
+    xs, ys = [p["short"] for p in pairs], [p["full"] for p in pairs]
+    lo, hi = bootstrap_spearman(xs, ys)
+    return {"title": title, "pairs": pairs, "rho": rho, "rho_ci": [lo, hi], "level": 0.95,
+            "top3_agree": top_agreement(xs, ys) if len(pairs) > 3 else None}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -261,6 +289,9 @@ def main(argv=None) -> int:
                     score_missing(run_dir, config, full, known, log)
             pairs, rho = rank_table(full, known)
             ranks.append(("search fitness vs full recipe", pairs, rho))
+            cell_s, per = grid_cell_seconds(args.full), c["training_s"] / c["evaluations"] if c["evaluations"] else None
+            c["cost_per_candidate"] = {"training_s": per, "full_recipe_cell_s": cell_s,
+                                       "fraction_of_full": per / cell_s if per is not None and cell_s else None}
             if args.screen:
                 short = {_key(r["genome"], r.get("counts", "raw")): r["test_mean"] for r in grid_rows(args.screen)}
                 pairs, rho = rank_table(full, short)
@@ -270,7 +301,7 @@ def main(argv=None) -> int:
         return 2
     print(markdown(c, ranks), end="")
     if args.json:
-        print(json.dumps({"cost": c, "ranks": [{"title": t, "pairs": p, "rho": r} for t, p, r in ranks]}))
+        print(json.dumps({"cost": c, "ranks": [rank_summary(t, p, r) for t, p, r in ranks]}))
     return 0
 
 
