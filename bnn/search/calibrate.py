@@ -1,0 +1,234 @@
+"""Which fitness design ranks measures as the full recipe does: ``python -m bnn.search.calibrate``.
+
+Every measure of an evidence grid with full-recipe results (``--full ROOT``: its results.json, per
+measure and count convention) is trained on every rung of a ladder (``--rungs``, as ``bnn.search``
+takes them) with that rung's seeds, and XNOR on raw counts beside it on the same budgets; then each
+design is scored by how its values rank the measures against the full recipe's test means:
+
+* ``rung R``: one training budget, the validation accuracy (the search's fitness today at R = 0);
+* ``rung R paired``: the same minus XNOR's on the same seed and budget;
+* ``ladder to R (paired)``: the search's ladder over rungs 0..R, promotions replayed offline through
+  ``bnn.search.ladder.Ladder`` in the grid's order, so its cost is what the search would pay.
+
+For each: Spearman's rho with a 95% bootstrap interval, how many of the full recipe's top 3 it also
+puts in its top 3, and its training seconds per measure, also as a fraction of a full-recipe cell.
+Trainings are journaled in ``OUT/journal.jsonl`` (one line each, fsynced): a rerun continues, and
+refuses settings that differ from the journal's first line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from refimpl.cli import OneLineParser, one_line, positive_float, positive_int, seed_int
+from refimpl.fileio import read_regular
+
+from .._evidence_journal import append_line
+from .._stats import bootstrap_spearman, mean, spearman, top_agreement
+from ..settings import DEFAULT_MODEL, FITNESS
+from .cost import CostError, grid_cell_seconds, grid_rows
+from .ga import BASELINE
+from .ladder import Ladder, ga_value, parse_rungs
+
+JOURNAL = "journal.jsonl"
+_KEYS = ("dataset", "model", "rungs", "train_seed", "batch_size", "lr", "val_size", "measure_impl", "promote", "fitness")
+
+
+def _job_key(genome: str, counts: str, rung: int, seed: int) -> str:
+    return f"{genome}/{counts}/r{rung}/s{seed}"
+
+
+def read_journal(path: Path, log) -> tuple[dict | None, dict[str, dict]]:
+    """(settings, trainings by key); a torn last line (a kill mid-write) is named and cut off."""
+    try:
+        raw = read_regular(path)
+    except FileNotFoundError:
+        return None, {}
+    lines, good, records = raw.split(b"\n"), 0, []
+    for i, line in enumerate(lines):
+        if i == len(lines) - 1 and not line:
+            break
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError
+        except (ValueError, RecursionError):
+            if i < len(lines) - 1:
+                raise CostError(f"{path}: line {i + 1} is not a calibration record; move the file away") from None
+            log(f"{path}: its last line is incomplete (a kill mid-write); it is dropped and trained again")
+            with open(path, "r+b") as f:
+                f.truncate(good)
+            break
+        records.append(rec)
+        good += len(line) + 1
+    if not records:
+        return None, {}
+    settings, done = records[0].get("settings"), {}
+    if not isinstance(settings, dict):
+        raise CostError(f"{path}: line 1 holds no settings; not a calibration journal")
+    for i, rec in enumerate(records[1:], 2):
+        if not isinstance(rec.get("key"), str):
+            raise CostError(f"{path}: line {i} has no key; not a calibration journal")
+        done[rec["key"]] = rec
+    return settings, done
+
+
+def train_all(out: Path, settings: dict, cells: list[dict], device: str, data_dir, log) -> dict[str, dict]:
+    """Every (measure, rung, seed) training and XNOR's references not yet journaled, journaled one line each."""
+    from .fitness import Worker
+    from .loop import SearchConfig
+
+    path = out / JOURNAL
+    saved, done = read_journal(path, log)
+    if saved is None:
+        out.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)  # a torn first line
+        append_line(str(path), {"settings": settings})
+    elif {k: saved.get(k) for k in _KEYS} != {k: settings.get(k) for k in _KEYS}:
+        differ = next(k for k in _KEYS if saved.get(k) != settings.get(k))
+        raise CostError(f"{out} holds a calibration with {differ}={saved.get(differ)!r}, not {settings.get(differ)!r}; "
+                        "use another --out (or the same options)")
+    lad = Ladder(settings["rungs"], True, settings["promote"], settings["train_seed"])
+    jobs = [(BASELINE, "raw", r, s) for r in range(len(settings["rungs"])) for s in lad.seeds(r)]
+    jobs += [(c["genome"], c["counts"], r, s) for c in cells for r in range(len(settings["rungs"])) for s in lad.seeds(r)]
+    jobs = list(dict.fromkeys(jobs))
+    todo = [j for j in jobs if _job_key(*j) not in done]
+    log(f"{out}: {len(jobs) - len(todo)} of {len(jobs)} trainings journaled, {len(todo)} to train")
+    train = SearchConfig(dataset=settings["dataset"], model=settings["model"], batch_size=settings["batch_size"],
+                         lr=settings["lr"], val_size=settings["val_size"], measure_impl=settings["measure_impl"],
+                         data_dir=data_dir, device=device).train_dict()
+    worker = Worker(settings.get("fitness", "train"), train)
+    for i, (genome, counts, r, s) in enumerate(todo, 1):
+        res = worker.run({"seq": 0, "genome": genome, "reject_below": None,
+                          "train": {**lad.train_of(r, s), "counts": counts}})
+        rec = {"key": _job_key(genome, counts, r, s), "genome": genome, "counts": counts, "rung": r, "seed": s,
+               **{k: res.get(k) for k in ("status", "val_acc", "epochs", "wall_s")}}
+        append_line(str(path), rec)
+        done[rec["key"]] = rec
+        log(f"[{i}/{len(todo)}] {genome} {counts} rung {r} seed {s}: {rec['status']}, val {rec['val_acc']}, "
+            f"{rec['wall_s'] or 0:.0f} s")
+    return done
+
+
+def _acc(rec: dict) -> float:
+    v = rec.get("val_acc")
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0.0
+
+
+def designs(settings: dict, cells: list[dict], done: dict[str, dict]) -> list[dict]:
+    """Each design's value per cell and its training seconds per cell (see the module docstring)."""
+    rungs, lad0 = settings["rungs"], Ladder(settings["rungs"], True, settings["promote"], settings["train_seed"])
+    rec = lambda g, c, r, s: done[_job_key(g, c, r, s)]  # noqa: E731
+    secs = lambda g, c, r: sum(float(rec(g, c, r, s).get("wall_s") or 0.0) for s in lad0.seeds(r))  # noqa: E731
+    out = []
+    for r in range(len(rungs)):
+        raw = [mean(_acc(rec(c["genome"], c["counts"], r, s)) for s in lad0.seeds(r)) for c in cells]
+        paired = [mean(_acc(rec(c["genome"], c["counts"], r, s)) - _acc(rec(BASELINE, "raw", r, s))
+                       for s in lad0.seeds(r)) for c in cells]
+        cost = mean(secs(c["genome"], c["counts"], r) for c in cells)
+        out.append({"design": f"rung {r} ({_budget(rungs[r])})", "values": raw, "seconds": cost})
+        out.append({"design": f"rung {r} paired", "values": paired, "seconds": cost})
+    for top in range(1, len(rungs)):  # the ladder over rungs 0..top, replayed in the grid's order
+        lad = Ladder(rungs[: top + 1], True, settings["promote"], settings["train_seed"])
+        for r in range(top + 1):
+            for s in lad.seeds(r):
+                lad.on_reference(r, s, rec(BASELINE, "raw", r, s))
+        values, spent = [], []
+        for i, c in enumerate(cells):
+            lad.start(i, c["genome"])
+            cost, decision = 0.0, []
+            while not decision or decision[0][0] == "promote":
+                r = lad.runs[i]["rung"]
+                cost += secs(c["genome"], c["counts"], r)
+                for s in lad.seeds(r):
+                    decision = lad.on_result(i, r, s, rec(c["genome"], c["counts"], r, s)) or decision
+            values.append(ga_value(decision[0][2], decision[0][3], True))
+            spent.append(cost)
+        out.append({"design": f"ladder to rung {top} (paired)", "values": values, "seconds": mean(spent)})
+    return out
+
+
+def _budget(rung: dict) -> str:
+    size = "all" if rung["train_size"] is None else f"{rung['train_size']:,}"
+    return f"{rung['epochs']} epochs, {size} images, {rung['seeds']} seed{'s' if rung['seeds'] > 1 else ''}"
+
+
+def calibration(settings: dict, cells: list[dict], done: dict[str, dict], cell_s: float | None) -> list[dict]:
+    """One row per design: rho and its bootstrap interval, the top 3's agreement, the cost."""
+    full = [c["test_mean"] for c in cells]
+    rows = []
+    for d in designs(settings, cells, done):
+        lo, hi = bootstrap_spearman(d["values"], full)
+        rows.append({"design": d["design"], "rho": spearman(d["values"], full), "rho_ci": [lo, hi],
+                     "top3_agree": top_agreement(d["values"], full) if len(cells) > 3 else None,
+                     "seconds_per_measure": d["seconds"],
+                     "fraction_of_full": d["seconds"] / cell_s if cell_s else None, "values": d["values"]})
+    return rows
+
+
+def markdown(rows: list[dict], cells: list[dict]) -> str:
+    """The calibration table."""
+    f = lambda v, n=2: "-" if v is None else f"{v:.{n}f}"  # noqa: E731
+    lines = [f"Fitness designs against the full recipe over {len(cells)} cells (Spearman's rho, 95% bootstrap "
+             "interval; the full recipe's top 3 found in the design's top 3; training seconds per measure)", "",
+             "| design | rho | 95% interval | top 3 | s per measure | of a full-recipe cell |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['design']} | {f(r['rho'])} | [{f(r['rho_ci'][0])}, {f(r['rho_ci'][1])}] | "
+              f"{'-' if r['top3_agree'] is None else r['top3_agree']} of 3 | {f(r['seconds_per_measure'], 1)} | "
+              f"{f(r['fraction_of_full'], 3)} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="python -m bnn.search.calibrate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--full", required=True, metavar="ROOT", help="an evidence grid of the full recipe (bnn.evidence --root)")
+    p.add_argument("--rungs", required=True, help="the ladder whose rungs are the designs, E:N[:K],... as bnn.search takes it")
+    p.add_argument("--promote", type=positive_float, default=1 / 3, help="the ladder's fraction promoted (default 1/3)")
+    p.add_argument("--dataset", default="fashion-mnist", help="the data set (default fashion-mnist)")
+    p.add_argument("--model", help="the network (default: the data set's)")
+    p.add_argument("--data-dir", help="folder with the data set's files (default: $BNN_DATA_DIR or ./data)")
+    p.add_argument("--train-seed", type=seed_int, default=100, help="the first rung seed (default 100, as the first search)")
+    p.add_argument("--batch-size", type=positive_int, default=FITNESS.batch_size)
+    p.add_argument("--lr", type=positive_float, default=FITNESS.lr)
+    p.add_argument("--measure-impl", default="eager", choices=("eager", "fused"), help="the measure path (default eager)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument("--out", default="runs/calibration", help="the journal's folder (default runs/calibration)")
+    p.add_argument("--json", action="store_true", help="print the rows as one JSON object on the last line")
+    p.add_argument("--fitness", default="train", help=argparse.SUPPRESS)  # testing: synthetic:SEED
+    return p
+
+
+def main(argv=None) -> int:
+    """``python -m bnn.search.calibrate``: 0, or 2 with one ``error:`` line for a refused input."""
+    args, code = _parser().parse(argv)
+    if args is None:
+        return code
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        rungs = parse_rungs(args.rungs)
+        if args.promote > 1:
+            raise CostError(f"--promote must be a fraction in (0, 1], got {args.promote:g}")
+        cells = [{"genome": r["genome"], "counts": r.get("counts", "raw"), "test_mean": r["test_mean"],
+                  "measure": r.get("measure")} for r in grid_rows(args.full) if isinstance(r.get("genome"), str)]
+        if len(cells) < 3:
+            raise CostError(f"{args.full}: {len(cells)} cells with results; a rank correlation needs at least 3")
+        settings = {"dataset": args.dataset, "model": args.model or DEFAULT_MODEL.get(args.dataset, "mnist_net"),
+                    "rungs": rungs, "train_seed": args.train_seed, "batch_size": args.batch_size, "lr": args.lr,
+                    "val_size": None, "measure_impl": args.measure_impl, "promote": args.promote,
+                    "fitness": args.fitness}
+        done = train_all(Path(args.out), settings, cells, args.device, args.data_dir or os.environ.get("BNN_DATA_DIR"), log)
+        rows = calibration(settings, cells, done, grid_cell_seconds(args.full))
+    except (CostError, ValueError, OSError) as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    print(markdown(rows, cells), end="")
+    if args.json:
+        print(json.dumps({"cells": cells, "designs": rows}, allow_nan=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""`python -m bnn.search.calibrate`: each fitness design's values recomputed from the journal's own
+training lines, rho against SciPy's, the ladder's cost and values, a torn journal continued."""
+import json
+from pathlib import Path
+
+import pytest
+from _cli import run_main
+
+scipy_stats = pytest.importorskip("scipy.stats")
+
+GENOMES = ["1-1-1-1-0-0-1", "2-2-2-2-0-0-1", "3-3-3-3-0-0-1", "4-4-4-4-0-0-1", "5-5-5-5-0-0-1", "6-6-6-6-0-0-1"]
+FULL = [0.85, 0.86, 0.84, 0.88, 0.87, 0.83]
+
+
+def calibrate(*args):
+    from bnn.search.calibrate import main
+
+    return run_main(main, *args)
+
+
+@pytest.fixture
+def grid(tmp_path):
+    g = tmp_path / "grid"
+    g.mkdir()
+    rows = [{"measure": x, "genome": x, "counts": "laplace" if i % 2 else "raw", "n_ok": 6, "test_mean": v}
+            for i, (x, v) in enumerate(zip(GENOMES, FULL))]
+    (g / "results.json").write_text(json.dumps({"rows": rows, "wall_s": {"cells": 6000.0}, "cells_done": 12}))
+    return g
+
+
+def _args(grid, out):
+    return ["--full", grid, "--rungs", "1:100,2:200:2", "--promote", "0.5", "--fitness", "synthetic:4",
+            "--dataset", "digits", "--out", out, "--json"]
+
+
+def test_every_design_is_recomputed_from_the_journals_lines(tmp_path, grid):
+    r = calibrate(*_args(grid, tmp_path / "cal"))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    lines = [json.loads(x) for x in (tmp_path / "cal" / "journal.jsonl").read_text().splitlines()[1:]]
+    val = {(x["genome"], x["counts"], x["rung"], x["seed"]): x["val_acc"] for x in lines}
+    assert len(lines) == 7 * 3  # 6 cells and XNOR, each on rung 0 (seed 100) and rung 1 (seeds 100, 101)
+    counts = ["laplace" if i % 2 else "raw" for i in range(6)]
+    rows = {d["design"]: d for d in out["designs"]}
+    want0 = [val[(g, c, 0, 100)] for g, c in zip(GENOMES, counts)]
+    want1p = [sum(val[(g, c, 1, s)] - val[("0-0-0-0-0-0-1", "raw", 1, s)] for s in (100, 101)) / 2
+              for g, c in zip(GENOMES, counts)]
+    assert rows["rung 0 (1 epochs, 100 images, 1 seed)"]["values"] == pytest.approx(want0, abs=1e-12)
+    assert rows["rung 1 paired"]["values"] == pytest.approx(want1p, abs=1e-12)
+    for name, want in (("rung 0 (1 epochs, 100 images, 1 seed)", want0), ("rung 1 paired", want1p)):
+        assert rows[name]["rho"] == pytest.approx(scipy_stats.spearmanr(want, FULL).statistic, abs=1e-12)
+    lad = rows["ladder to rung 1 (paired)"]
+    secs = {(x["genome"], x["counts"], x["rung"]): 0.0 for x in lines}
+    for x in lines:
+        secs[(x["genome"], x["counts"], x["rung"])] += x["wall_s"]
+    spent = []
+    for g, c, v in zip(GENOMES, counts, lad["values"]):
+        reached = int(v)  # the ladder value is the rung reached plus (1 + score) / 2, score in -1..1
+        score = 2 * (v - reached) - 1
+        if reached == 1:
+            assert score == pytest.approx(want1p[GENOMES.index(g)], abs=1e-12)
+        else:
+            assert score == pytest.approx(val[(g, c, 0, 100)] - val[("0-0-0-0-0-0-1", "raw", 0, 100)], abs=1e-12)
+        spent.append(sum(secs[(g, c, r)] for r in range(reached + 1)))
+    assert 0 < sum(int(v) for v in lad["values"]) < 6  # some climbed, not all
+    assert lad["seconds_per_measure"] == pytest.approx(sum(spent) / 6, abs=1e-9)
+    assert lad["fraction_of_full"] == pytest.approx(lad["seconds_per_measure"] / 500.0)
+    assert "| ladder to rung 1 (paired) |" in r.stdout
+
+
+def test_a_torn_journal_continues_and_other_settings_are_refused(tmp_path, grid):
+    out = tmp_path / "cal"
+    assert calibrate(*_args(grid, out)).returncode == 0
+    path = Path(out) / "journal.jsonl"
+    whole = path.read_bytes()
+    lines = whole.splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:10]) + lines[10][:7])
+    r = calibrate(*_args(grid, out))
+    assert r.returncode == 0 and "incomplete" in r.stderr and "9 of 21 trainings journaled" in r.stderr
+    strip = lambda b: [{k: v for k, v in json.loads(x).items() if k != "wall_s"} for x in b.splitlines()]  # noqa: E731
+    assert strip(path.read_bytes()) == strip(whole)
+    r = calibrate(*[a if a != "0.5" else "0.4" for a in _args(grid, out)])
+    assert r.returncode == 2 and "promote=0.5" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("extra, message", [(["--rungs", "2:100,1:100"], "must not be cheaper"),
+                                            (["--promote", "2"], "fraction in (0, 1]")])
+def test_bad_options_get_one_line_and_exit_2(tmp_path, grid, extra, message):
+    r = calibrate("--full", grid, "--rungs", "1:100", "--fitness", "synthetic:1", "--out", tmp_path / "c", *extra)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
