@@ -61,6 +61,14 @@ _device = (lambda fn: fn) if INTERPRETED else triton.jit
 
 
 @_device
+def _sum(x, axis: tl.constexpr):
+    # tl.sum (and tl.zeros) are jitted functions of triton.language.standard, which the interpreter runs
+    # only if triton was imported with TRITON_INTERPRET=1 already set, and torch._dynamo imports triton.
+    # tl.sum's own reduction, through the builtin tl.reduce: the interpreter maps it to np.sum.
+    return tl.reduce(x, axis, tl.standard._sum_combine)
+
+
+@_device
 def _exp(x, INTERP: tl.constexpr):
     if INTERP:
         return tl.exp(x)  # the interpreter has no libdevice: NumPy's float32 exp
@@ -295,11 +303,11 @@ def measure_backward_kernel(dy_ptr, a_ptr, px_ptr, pw_ptr, nsz_ptr, rows_ptr, co
     c4 = tl.load(codes_ptr + 4)
     c5 = tl.load(codes_ptr + 5)
     c6 = tl.load(codes_ptr + 6)
-    acc_pw = tl.zeros((BO, BP), dtype=tl.float32)
-    acc_al0 = tl.zeros((BO,), dtype=tl.float32)
-    acc_al1 = tl.zeros((BO,), dtype=tl.float32)
-    acc_al2 = tl.zeros((BO,), dtype=tl.float32)
-    acc_al3 = tl.zeros((BO,), dtype=tl.float32)
+    acc_pw = tl.full((BO, BP), 0.0, tl.float32)
+    acc_al0 = tl.full((BO,), 0.0, tl.float32)
+    acc_al1 = tl.full((BO,), 0.0, tl.float32)
+    acc_al2 = tl.full((BO,), 0.0, tl.float32)
+    acc_al3 = tl.full((BO,), 0.0, tl.float32)
     start = tl.program_id(2) * NB
     for i in range(0, tl.minimum(NB, N - start)):
         n = (start + i).to(tl.int64)
@@ -323,12 +331,12 @@ def measure_backward_kernel(dy_ptr, a_ptr, px_ptr, pw_ptr, nsz_ptr, rows_ptr, co
         gc, gal4 = _count_grad(k4, al4, t4, dt4, gu4, nsz, CONV, CLIP, limit)
         tl.store(ga_ptr + off, ((ga - gb) - gc) + gd, mask=mm)
         gcd = tl.where(mm, gc - gd, 0.0)
-        tl.store(gpx_part_ptr + (n * tl.num_programs(1) + pid_o) * P + p, tl.sum(gcd, axis=0), mask=mp)
+        tl.store(gpx_part_ptr + (n * tl.num_programs(1) + pid_o) * P + p, _sum(gcd, axis=0), mask=mp)
         acc_pw += tl.where(mm, gb - gd, 0.0)
-        acc_al0 += tl.sum(tl.where(mm, gal1, 0.0), axis=1)
-        acc_al1 += tl.sum(tl.where(mm, gal2, 0.0), axis=1)
-        acc_al2 += tl.sum(tl.where(mm, gal3, 0.0), axis=1)
-        acc_al3 += tl.sum(tl.where(mm, gal4, 0.0), axis=1)
+        acc_al0 += _sum(tl.where(mm, gal1, 0.0), axis=1)
+        acc_al1 += _sum(tl.where(mm, gal2, 0.0), axis=1)
+        acc_al2 += _sum(tl.where(mm, gal3, 0.0), axis=1)
+        acc_al3 += _sum(tl.where(mm, gal4, 0.0), axis=1)
     tl.store(gpw_part_ptr + chunk * C * P + o[:, None] * P + p[None, :], acc_pw, mask=m)
     base = gal_part_ptr + (chunk * tl.num_programs(0) + pid_p) * 4 * C
     tl.store(base + o, acc_al0, mask=mo)
