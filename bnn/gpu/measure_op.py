@@ -140,5 +140,5 @@ def set_genome(model: torch.nn.Module, genome, reset_alpha: bool = True) -> torc
             layer._gpu_dtab.copy_(torch.from_numpy(dtab))
         if reset_alpha:
             with torch.no_grad():
-                layer.alpha.copy_(initial_alpha(g, layer.alpha.shape[0], dtype=layer.alpha.dtype))
+                layer.alpha.copy_(initial_alpha(g, layer.alpha.shape[1], dtype=layer.alpha.dtype))
     return model
