@@ -41,6 +41,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--genomes", default="baseline,M1,M5,M9,0-16-17-15-8-9-12")
     p.add_argument("--counts", default="raw")
+    p.add_argument("--profile", action="store_true", help="then the CUDA kernels of one step of each path (M5)")
     args = p.parse_args()
     dev = torch.device("cuda")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
@@ -69,6 +70,19 @@ def main() -> None:
         triton_ms = _time(step(routed), args.iters)
         print(f"{genome:>20}: eager {eager_ms:7.3f} ms, triton {triton_ms:7.3f} ms ({eager_ms / triton_ms:4.2f}x), "
               f"float/triton {float_ms / triton_ms:4.2f}, set_genome to first step done {first_s * 1e3:6.1f} ms")
+    if args.profile:
+        set_genome(routed, "M5")
+        eager = BinaryConv2d(c, c, 3, padding=1, measure="M5", counts=args.counts).to(dev)
+        for name, layer in (("eager", eager), ("triton", routed)):
+            run = step(layer)
+            run()
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    run()
+                torch.cuda.synchronize()
+            print(f"--- {name}, 5 steps")
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ The oracle for forward values is ``refimpl.measure(counts_conv2d(...), dtype=flo
 for bit (NaN where it has NaN) for genomes whose binary operators involve no ``exp``; for the
 others (binary 10-13, whose ``exp`` of two operands cannot be tabled) the kernel runs NumPy's
 ``expf`` under the interpreter and libdevice's on a GPU, so the oracle is refimpl's expression
-with NumPy's ``exp`` in those nodes (bit for bit under the interpreter; on a GPU within rtol
-1e-5), and refimpl's own values are checked within a few ulps where the two ``exp`` agree on
-finiteness.
+with NumPy's ``exp`` in those nodes (bit for bit under the interpreter; on a GPU the same
+non-finite values, finite ones within rtol 1e-5 plus 1e-6 of the element's largest operand), and
+NumPy's ``exp`` itself is checked within 2 ulp of refimpl's.
 """
 from __future__ import annotations
 
@@ -118,7 +118,11 @@ def _oracle(genome, counts, ref, alpha):
         al = np.broadcast_to(alpha[k].reshape(1, -1, 1, 1), x.shape)
         slots.append(np.vectorize(lambda v, q, code=genome[k]: unary_f32(code, np.float32(v), np.float32(q)),
                                   otypes=[np.float32])(x, al))
-    return _np_binary(genome[6], _np_binary(genome[4], slots[0], slots[1]), _np_binary(genome[5], slots[2], slots[3]))
+    b1, b2 = _np_binary(genome[4], slots[0], slots[1]), _np_binary(genome[5], slots[2], slots[3])
+    y = _np_binary(genome[6], b1, b2)
+    # Each element's largest finite operand on the way: the scale of the rounding a different exp can leave.
+    scale = np.max([np.where(np.isfinite(v), np.abs(v), 0) for v in (*slots, b1, b2, y)], axis=0)
+    return y, scale
 
 
 def _assert_bits(got, want, what):
@@ -134,11 +138,17 @@ def _check_forward(data, genome, counts):
     if not EXP_BINARY & set(genome[4:]):
         _assert_bits(got, want, f"{genome} {counts} vs refimpl")
         return
-    oracle = _oracle(genome, counts, data["ref"], alpha)
+    oracle, scale = _oracle(genome, counts, data["ref"], alpha)
     if kernels.INTERPRETED:
         _assert_bits(got, oracle, f"{genome} {counts} vs refimpl with NumPy's exp")
-    else:
-        np.testing.assert_allclose(got, oracle, rtol=1e-5, atol=0, equal_nan=True)
+        return
+    # libdevice's exp differs from NumPy's by an ulp or two, which a later x - y can leave as an absolute error
+    # of a few ulps of its operands (seen on an H200: -1.2338e-4 against -1.2344e-4 from operands near 0.6).
+    assert np.array_equal(np.isnan(got), np.isnan(oracle)), f"{genome} {counts}: NaN positions differ"
+    finite = np.isfinite(oracle)
+    assert np.array_equal(got[~finite], oracle[~finite]), f"{genome} {counts}: infinities differ"
+    err = np.abs(got[finite].astype(np.float64) - oracle[finite])
+    assert (err <= 1e-5 * np.abs(oracle[finite]) + 1e-6 * scale[finite]).all(), f"{genome} {counts}: {err.max()}"
 
 
 @pytest.mark.parametrize("counts", CONVENTIONS)
