@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 import refimpl  # noqa: E402
 from bnn.gpu import measure_kernels as kernels  # noqa: E402
 from bnn.gpu.measure_op import measure, set_genome, use_triton_measure  # noqa: E402
-from bnn.layers import BinaryConv2d, set_measure_grad_clip  # noqa: E402
+from bnn.layers import BinaryConv2d, BinaryLinear, set_measure_grad_clip  # noqa: E402
 
 if DEVICE == "cpu" and not kernels.INTERPRETED:
     pytest.skip("TRITON_INTERPRET was 0 before this module set it, and there is no GPU", allow_module_level=True)
@@ -29,10 +29,11 @@ if DEVICE == "cpu" and not kernels.INTERPRETED:
 def _net(genome, counts="raw", seed=0):
     torch.manual_seed(seed)
     net = nn.Sequential(BinaryConv2d(3, 5, 3, padding=1, measure=genome, counts=counts), nn.BatchNorm2d(5),
-                        BinaryConv2d(5, 4, 1, stride=2, measure=genome, counts=counts), nn.BatchNorm2d(4))
+                        BinaryConv2d(5, 4, 1, stride=2, measure=genome, counts=counts), nn.BatchNorm2d(4),
+                        nn.Flatten(), BinaryLinear(36, 3, measure=genome, counts=counts))
     with torch.no_grad():  # alphas away from their start, so their gradients differ per channel
         for m in net.modules():
-            if isinstance(m, BinaryConv2d):
+            if isinstance(m, (BinaryConv2d, BinaryLinear)):
                 m.alpha.add_(torch.rand_like(m.alpha) * 0.5)
     return net.to(DEVICE)
 
@@ -67,7 +68,7 @@ def test_routed_layers_match_the_eager_layers(genome, counts, clip, channels_las
     eager, routed = _net(genome, counts), use_triton_measure(_net(genome, counts))
     for net in (eager, routed):
         set_measure_grad_clip(net, clip)
-    dy = torch.randn(2, 4, 3, 3, generator=g).to(DEVICE)
+    dy = torch.randn(2, 3, generator=g).to(DEVICE)
     want, got = _run(eager, x, dy), _run(routed, x, dy)
     _close(got[0], want[0], "output")
     _close(got[1], want[1], "dL/dx")
@@ -116,7 +117,8 @@ def test_one_compiled_graph_serves_20_genomes():
 def test_set_genome_writes_in_place():
     net = use_triton_measure(_net("M1", "freq"))
     net(torch.randn(2, 3, 6, 6).to(DEVICE))
-    layers = [m for m in net.modules() if isinstance(m, BinaryConv2d)]
+    layers = [m for m in net.modules() if isinstance(m, (BinaryConv2d, BinaryLinear))]
+    assert len(layers) == 3
     names = ("_gpu_codes", "_gpu_tab", "_gpu_dtab", "_gpu_nsz", "_gpu_rows", "alpha")
     before = [[getattr(m, n).data_ptr() for n in names] for m in layers]
     set_genome(net, "M7")
@@ -126,3 +128,24 @@ def test_set_genome_writes_in_place():
         assert str(m.genome) == str(m7)
         assert m._gpu_codes.tolist() == list(m7.codes)
         assert torch.equal(m.alpha.detach().cpu(), torch.from_numpy(refimpl.default_alpha(m7, m.alpha.shape[1])).float())
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+def test_one_cuda_graph_replays_every_genome():
+    # Captured once with the baseline; set_genome rewrites the captured buffers, and each replay computes the
+    # new genome (the forward; BatchNorm in training mode uses the batch's statistics).
+    net = use_triton_measure(_net("baseline"))
+    x = torch.randn(2, 3, 6, 6, device=DEVICE)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            net(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = net(x)
+    for genome in ("M1", "M5", "M9", "0-16-17-15-8-9-4", "baseline"):
+        set_genome(net, genome)
+        graph.replay()
+        _close(captured.detach().clone(), net(x).detach(), genome)

@@ -6,7 +6,7 @@ and the unary tables with their derivatives; TorchDynamo guards a tensor by its 
 shape, never its values, so ``torch.compile`` traces one graph that serves every genome. The
 count convention, the gradient clip and the rounding flag are model settings, constant in a graph.
 
-``use_triton_measure(model)`` routes every ``BinaryConv2d`` of a model through the operator: the
+``use_triton_measure(model)`` routes every binary layer of a model through the operator: the
 layer keeps, as non-persistent buffers (checkpoints are unchanged), its codes, its tables and its
 window geometry (``n`` per pixel and each pixel's table row), built at the first forward for an
 input size and reused by every later step. ``set_genome(model, genome)`` rewrites the codes, the
@@ -29,7 +29,7 @@ from refimpl.genome import Genome
 from refimpl.kernels.geometry import int_pair
 
 from ..counts import window_sizes
-from ..layers import BinaryConv2d, ste_sign
+from ..layers import BinaryConv2d, BinaryLinear, ste_sign
 from ..measure import initial_alpha
 from . import measure_kernels as kernels
 from .counts import count_sums
@@ -78,11 +78,10 @@ measure.register_autograd(_backward, setup_context=_setup_context)
 # ----------------------------------------------------------------------------------------------
 # Layers: the buffers, their geometry, and the genome written in place.
 # ----------------------------------------------------------------------------------------------
-def _geometry(layer, x: Tensor) -> None:
+def _geometry(layer, x: Tensor, w: Tensor, geometry) -> None:
     # The window sizes of this input size, each pixel's table row, and the tables: built once per
     # input size (eagerly; under torch.compile the buffers must exist already).
-    geometry = (layer.stride, layer.padding, layer.dilation)
-    n = window_sizes(x[:1, :, :, :].detach(), layer.weight.detach(), *geometry).reshape(-1)
+    n = window_sizes(x[:1].detach(), w.detach(), *geometry).reshape(-1)
     ns, rows, length = rows_of(n.cpu().numpy(), layer.counts)
     layer._gpu_ns, layer._gpu_length, layer._gpu_hw = ns, length, tuple(x.shape[2:])
     device = layer.weight.device
@@ -92,28 +91,36 @@ def _geometry(layer, x: Tensor) -> None:
         layer.register_buffer(name, value.to(device).contiguous(), persistent=False)
 
 
+def _as_convolution(layer, x: Tensor):
+    """(x, w, (stride, padding, dilation)) of ``layer`` as a convolution: a dense layer is the 1x1 one of
+    (N, K, 1, 1) inputs, whose single window has n = K."""
+    if isinstance(layer, BinaryLinear):
+        return x[:, :, None, None], layer.weight[:, :, None, None], ((1, 1), (0, 0), (1, 1))
+    return x, layer.weight, tuple(int_pair(v, name) for v, name in
+                                  ((layer.stride, "stride"), (layer.padding, "padding"), (layer.dilation, "dilation")))
+
+
 def _triton_forward(self, x: Tensor) -> Tensor:
-    # Replaces BinaryConv2d.forward on one instance: counts up to the window sums, then bnn_gpu::measure.
-    if getattr(self, "_gpu_hw", None) != tuple(x.shape[2:]):
+    # Replaces the layer's forward on one instance: counts up to the window sums, then bnn_gpu::measure.
+    x4, w4, geometry = _as_convolution(self, x)
+    if getattr(self, "_gpu_hw", None) != tuple(x4.shape[2:]):
         if torch.compiler.is_compiling():
             raise RuntimeError("bnn.gpu: run one eager forward of this input size before torch.compile "
                                "(it builds each layer's window geometry and tables)")
-        _geometry(self, x)
-    stride, padding, dilation = (int_pair(v, name) for v, name in
-                                 ((self.stride, "stride"), (self.padding, "padding"), (self.dilation, "dilation")))
-    a, px, pw, round_counts = count_sums(ste_sign(x, 1.0), ste_sign(self.weight, None), stride, padding, dilation)
-    return measure(a, px, pw, self._gpu_nsz, self._gpu_rows, self._gpu_codes, self.alpha, self._gpu_tab,
-                   self._gpu_dtab, kernels.CONVENTION_CODES[self.counts], self.measure_grad_clip, round_counts)
+        _geometry(self, x4, w4, geometry)
+    a, px, pw, round_counts = count_sums(ste_sign(x4, 1.0), ste_sign(w4, None), *geometry)
+    y = measure(a, px, pw, self._gpu_nsz, self._gpu_rows, self._gpu_codes, self.alpha, self._gpu_tab,
+                self._gpu_dtab, kernels.CONVENTION_CODES[self.counts], self.measure_grad_clip, round_counts)
+    return y.view(y.shape[:2]) if x.dim() == 2 else y
 
 
 def _layers(model: torch.nn.Module):
-    return [m for m in model.modules() if isinstance(m, BinaryConv2d)]
+    return [m for m in model.modules() if isinstance(m, (BinaryConv2d, BinaryLinear))]
 
 
 def use_triton_measure(model: torch.nn.Module) -> torch.nn.Module:
-    """Route every ``BinaryConv2d`` of ``model`` through ``bnn_gpu::measure`` (in place; returns ``model``).
-
-    The counts must be float32 (the kernels' dtype); dense binary layers keep their own path."""
+    """Route every ``BinaryConv2d`` and ``BinaryLinear`` of ``model`` through ``bnn_gpu::measure`` (in place;
+    returns ``model``). The counts must be float32 (the kernels' dtype)."""
     for layer in _layers(model):
         if layer.alpha.dtype != torch.float32:
             raise ValueError(f"bnn.gpu's measure runs in float32; this layer's alpha is {layer.alpha.dtype}")
@@ -125,7 +132,7 @@ def use_triton_measure(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def set_genome(model: torch.nn.Module, genome, reset_alpha: bool = True) -> torch.nn.Module:
-    """Give every binary convolution of ``model`` (routed by ``use_triton_measure``) the genome ``genome``, in
+    """Give every binary layer of ``model`` (routed by ``use_triton_measure``) the genome ``genome``, in
     place: the codes, the unary tables and (``reset_alpha``) alpha's initial values are written into the
     tensors they already live in, so compiled and captured graphs replay unchanged. Returns ``model``."""
     g = Genome.parse(genome)
