@@ -1,0 +1,151 @@
+"""bnn/gpu's custom operator (issue 37 item 2): layers routed through ``bnn_gpu::measure`` compute the eager
+layers' outputs and gradients, ``torch.library.opcheck`` passes, ``torch.compile`` traces one graph for 20
+genomes, and ``set_genome`` rewrites the genome in the tensors it already lives in.
+
+Runs under Triton's interpreter without a GPU (tests/test_gpu_measure_triton.py says why the sizes are small).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+import refimpl  # noqa: E402
+from bnn.gpu import measure_kernels as kernels  # noqa: E402
+from bnn.gpu.measure_op import measure, set_genome, use_triton_measure  # noqa: E402
+from bnn.layers import BinaryConv2d, BinaryLinear, set_measure_grad_clip  # noqa: E402
+
+if DEVICE == "cpu" and not kernels.INTERPRETED:
+    pytest.skip("TRITON_INTERPRET was 0 before this module set it, and there is no GPU", allow_module_level=True)
+
+
+def _net(genome, counts="raw", seed=0):
+    torch.manual_seed(seed)
+    net = nn.Sequential(BinaryConv2d(3, 5, 3, padding=1, measure=genome, counts=counts), nn.BatchNorm2d(5),
+                        BinaryConv2d(5, 4, 1, stride=2, measure=genome, counts=counts), nn.BatchNorm2d(4),
+                        nn.Flatten(), BinaryLinear(36, 3, measure=genome, counts=counts))
+    with torch.no_grad():  # alphas away from their start, so their gradients differ per channel
+        for m in net.modules():
+            if isinstance(m, (BinaryConv2d, BinaryLinear)):
+                m.alpha.add_(torch.rand_like(m.alpha) * 0.5)
+    return net.to(DEVICE)
+
+
+def _run(net, x, dy):
+    x = x.clone().requires_grad_()
+    out = net(x)
+    out.backward(dy)
+    grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in net.parameters()]
+    return out.detach(), x.grad, grads
+
+
+def _close(got, want, what):
+    scale = float(want.abs().nan_to_num(0, 0, 0).max()) if want.numel() else 0.0
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale, equal_nan=True,
+                               msg=lambda m: f"{what}: {m}")
+
+
+# Well-conditioned measures: a divisor near zero makes the weight gradient a sum of terms of 1e10 that cancel
+# to 1e3, which no two summation orders agree on (M5 on raw counts: 2048 against 0.0625). Those genomes are
+# checked where the gradients leave the measure (tests/test_gpu_measure_triton.py); this test checks the
+# plumbing around it: the window sums' backward, channels_last, the clip setting, alpha.
+@pytest.mark.parametrize("genome, counts, clip, channels_last", [
+    ("M5", "laplace", None, False), ("M1", "laplace", 10.0, True), ("0-16-17-15-8-9-4", "freq", None, True),
+    ("baseline", "raw", 1.0, False)])
+def test_routed_layers_match_the_eager_layers(genome, counts, clip, channels_last):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 6, 6, generator=g).to(DEVICE)
+    x[0, :, :3, :3] = -1.0  # a blank region: a = c = 0 there
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    eager, routed = _net(genome, counts), use_triton_measure(_net(genome, counts))
+    for net in (eager, routed):
+        set_measure_grad_clip(net, clip)
+    dy = torch.randn(2, 3, generator=g).to(DEVICE)
+    want, got = _run(eager, x, dy), _run(routed, x, dy)
+    _close(got[0], want[0], "output")
+    _close(got[1], want[1], "dL/dx")
+    for i, (a, b) in enumerate(zip(got[2], want[2])):
+        _close(a, b, f"parameter {i}")
+
+
+def _op_args(genome="M7", counts="laplace"):
+    net = use_triton_measure(_net(genome, counts))
+    layer = net[0]
+    x = torch.randn(2, 3, 5, 5).to(DEVICE)
+    net(x)  # builds the layer's geometry and tables
+    from bnn.gpu.counts import count_sums
+
+    a, px, pw, round_counts = count_sums(torch.where(x >= 0, 1.0, -1.0), torch.where(layer.weight >= 0, 1.0, -1.0),
+                                         (1, 1), (1, 1), (1, 1))
+    return (a.detach().requires_grad_(), px.detach().requires_grad_(), pw.detach().requires_grad_(), layer._gpu_nsz,
+            layer._gpu_rows, layer._gpu_codes, layer.alpha.detach().clone().requires_grad_(), layer._gpu_tab,
+            layer._gpu_dtab, kernels.CONVENTION_CODES[counts], 1.0, round_counts)
+
+
+def test_opcheck_passes():
+    torch.library.opcheck(measure, _op_args())
+
+
+def test_one_compiled_graph_serves_20_genomes():
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    net = use_triton_measure(_net("baseline"))
+    x = torch.randn(2, 3, 6, 6).to(DEVICE)
+    net(x)  # eager: each layer's geometry and tables for this input size
+    counter = CompileCounter()
+    step = torch.compile(net, backend=counter, fullgraph=True)
+    genomes = ["baseline"] + [str(refimpl.Genome(tuple(int(v) for v in row)))
+                              for row in torch.randint(0, 14, (19, 7), generator=torch.Generator().manual_seed(3))]
+    for i, genome in enumerate(genomes):
+        set_genome(net, genome)
+        out = step(x)
+        if i % 6 == 0:  # the replayed graph computes this genome, not the first one, and differentiates
+            _close(out.detach(), net(x).detach(), genome)
+            out.sum().backward()
+    assert counter.frame_count == 1, f"{counter.frame_count} graphs for {len(genomes)} genomes"
+
+
+def test_set_genome_writes_in_place():
+    net = use_triton_measure(_net("M1", "freq"))
+    net(torch.randn(2, 3, 6, 6).to(DEVICE))
+    layers = [m for m in net.modules() if isinstance(m, (BinaryConv2d, BinaryLinear))]
+    assert len(layers) == 3
+    names = ("_gpu_codes", "_gpu_tab", "_gpu_dtab", "_gpu_nsz", "_gpu_rows", "alpha")
+    before = [[getattr(m, n).data_ptr() for n in names] for m in layers]
+    set_genome(net, "M7")
+    assert [[getattr(m, n).data_ptr() for n in names] for m in layers] == before
+    m7 = refimpl.Genome.parse("M7")
+    for m in layers:
+        assert str(m.genome) == str(m7)
+        assert m._gpu_codes.tolist() == list(m7.codes)
+        assert torch.equal(m.alpha.detach().cpu(), torch.from_numpy(refimpl.default_alpha(m7, m.alpha.shape[1])).float())
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+def test_one_cuda_graph_replays_every_genome():
+    # Captured once with the baseline; set_genome rewrites the captured buffers, and each replay computes the
+    # new genome (the forward; BatchNorm in training mode uses the batch's statistics).
+    net = use_triton_measure(_net("baseline"))
+    x = torch.randn(2, 3, 6, 6, device=DEVICE)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            net(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = net(x)
+    for genome in ("M1", "M5", "M9", "0-16-17-15-8-9-4", "baseline"):
+        set_genome(net, genome)
+        graph.replay()
+        _close(captured.detach().clone(), net(x).detach(), genome)
