@@ -103,8 +103,10 @@ def _conv_may_be_inexact(t: torch.Tensor) -> bool:
 
 
 def _half_plus_half(t: torch.Tensor) -> torch.Tensor:
-    """(1 + t) / 2 in one pass over t (the 0/1 relaxation of +-1 values)."""
-    return torch.add(torch.tensor(0.5, dtype=t.dtype, device=t.device), t, alpha=0.5)
+    """(1 + t) / 2 (the 0/1 relaxation of +-1 values; exact for -1, 0 and 1 in any float type). Scalars
+    only: a 0-dim tensor made from a Python number is a host-to-device copy, which a CUDA graph's
+    capture refuses (an H200 run of the graph-replay test found it)."""
+    return t.add(1.0).mul_(0.5)
 
 
 class _CountsConv2d(torch.autograd.Function):
