@@ -110,7 +110,7 @@ class _BinaryMeasureLayer(nn.Module):
     def _measure_counts(self, counts, n):
         # The measure of the counts as counted (n: the windows' sizes, None under raw counts).
         if self.measure_impl == "fused" and not torch.compiler.is_compiling():
-            from .measure_fused import measure_counts  # imports this module
+            from .measure_fused import measure_counts  # Numba and code generation, only when used
 
             out = measure_counts(self, counts, n)
             if out is not None:
@@ -137,6 +137,12 @@ def set_measure_impl(model: nn.Module, impl: str) -> nn.Module:
         if isinstance(layer, _BinaryMeasureLayer):
             layer.measure_impl = impl
     return model
+
+
+def use_fused_measure(model: nn.Module) -> nn.Module:
+    """Route every binary layer of ``model`` through the fused kernels where they apply (in place;
+    returns ``model``): ``set_measure_impl(model, "fused")``."""
+    return set_measure_impl(model, "fused")
 
 
 class BinaryConv2d(_BinaryMeasureLayer):

@@ -42,11 +42,9 @@ from refimpl.codegen.measure_tables import split
 from refimpl.conventions import BY_NAME as CONVENTIONS
 from refimpl.conventions import DEFAULT as DEFAULT_COUNTS
 from refimpl.conventions import check_counts
-from refimpl.engine.epilogue import _make_module
+from refimpl.engine.epilogue import compile_module
 from refimpl.formula import substitute
 from refimpl.genome import Genome
-
-from .layers import set_measure_impl
 
 _COUNTS = ("a", "b", "c", "d")
 _ALPHAS = ("al0", "al1", "al2", "al3")
@@ -306,7 +304,7 @@ def module(genome, counts: str = DEFAULT_COUNTS, tabled: bool = False):
         text = generate(g, counts, tabled)
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
         kind = ("" if counts == DEFAULT_COUNTS else f"_{counts}") + ("_tabled" if tabled else "")
-        _MODULES[key] = _make_module(f"bnn_measure_fused_{key[0].replace('-', '_')}{kind}_{digest}", text)
+        _MODULES[key] = compile_module(f"bnn_measure_fused_{key[0].replace('-', '_')}{kind}_{digest}", text)
     return _MODULES[key]
 
 
@@ -425,8 +423,3 @@ def measure_counts(layer, counts, n):
     sizes = layer.weight[0].numel() if layer.counts == DEFAULT_COUNTS else n
     return apply(layer.genome, *counts, layer.alpha, layer.counts, sizes, tabled=True, clip=layer.measure_grad_clip)
 
-
-def use_fused_measure(model: torch.nn.Module) -> torch.nn.Module:
-    """Route every binary layer of ``model`` through the fused kernels where they apply (in place;
-    returns ``model``): ``bnn.layers.set_measure_impl(model, "fused")``."""
-    return set_measure_impl(model, "fused")

@@ -9,9 +9,9 @@ import torch
 from test_measure_tables import _counts, _latin_genomes
 
 from bnn import measure_fused
-from bnn.layers import set_measure_grad_clip, set_measure_impl
+from bnn.layers import set_measure_grad_clip, set_measure_impl, use_fused_measure
 from bnn.measure import measure as eager_measure
-from bnn.measure_fused import apply, use_fused_measure
+from bnn.measure_fused import apply
 from refimpl.conventions import NAMES as CONVENTIONS
 from refimpl.operators import UNARY
 
