@@ -12,10 +12,10 @@ relative to the baseline, and the epilogue's share of the network time.
 Side by side in one process at the same thread count, repeats interleaved (engine, torch,
 engine, ...) so that load from other processes hits both alike; times are medians.
 
-* engine: ``refimpl.engine`` on an exported ``bnn.models.resnet18`` (random weights, BatchNorm
+* engine: ``refimpl.engine`` on an exported ``bnn.nn.models.resnet18`` (random weights, BatchNorm
   statistics set from random data), baseline measure, whole network from normalized float32
   input to logits.
-* torch: ``bnn.models.resnet18(binary=False)`` (the same shapes with ``nn.Conv2d``), eval,
+* torch: ``bnn.nn.models.resnet18(binary=False)`` (the same shapes with ``nn.Conv2d``), eval,
   ``torch.inference_mode()``, channels_last. Its vector ISA is printed: with the engine forced
   below AVX-512 on an AVX-512 host, ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` hold
   torch to AVX2 too, for the ratio an AVX2 machine would see (docs/performance.md).

@@ -17,7 +17,7 @@ def build_models(seed: int = 0):
     import torch
 
     from bnn.export import export_model
-    from bnn.models import resnet18
+    from bnn.nn.models import resnet18
 
     torch.manual_seed(seed)
     x = torch.randn(32, 3, 32, 32)

@@ -73,7 +73,7 @@ def build_engines(names, arch: str, downsample: str, tmp: str) -> tuple[dict, di
     import torch
 
     from bnn.export import export_model
-    from bnn.models import build_model
+    from bnn.nn.models import build_model
     from refimpl import engine
 
     engines, first = {}, {}
@@ -166,7 +166,7 @@ def run_measures(args) -> int:
     from bench_counts import cpu_name
     from engine_timing import build_models
 
-    from bnn.models import build_model
+    from bnn.nn.models import build_model
     from refimpl import Genome, info
 
     names = genomes(args)
