@@ -37,9 +37,8 @@ MOVED = {
 
 
 def _caller_stacklevel() -> int:
-    # The warning points at the user's import line: past this file, the package's __init__,
-    # importlib.import_module and the import system's frozen frames.
-    # warnings.warn itself skips the frozen frames (it does not count them as levels).
+    # The warning points at the user's import line: past this file, the package's __init__ and
+    # importlib.import_module (warnings.warn skips the import system's frozen frames by itself).
     here = (__file__, __file__.replace("_moved.py", "__init__.py"), importlib.__file__)
     frame, level = sys._getframe(1), 1  # level 1: warn()
     while frame is not None:
@@ -67,19 +66,24 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         warn(spec.name)
         module = importlib.import_module(MOVED[spec.name])
-        self._spec = module.__spec__
+        _SPECS[module.__name__] = module.__spec__
         return module
 
     def exec_module(self, module):
         # The import system set __spec__ to the alias's spec; the module keeps its own.
-        module.__spec__ = self._spec
+        module.__spec__ = _SPECS[module.__name__]
+
+
+_SPECS: dict = {}  # new module name -> its own spec, kept across the import system's rebinding
 
 
 class _Package(types.ModuleType):
     # The import system binds an imported submodule on its package: an old path must not replace a
     # public name of bnn that has the same name (bnn.measure is the function, not bnn.nn.measure).
     def __setattr__(self, name, value):
-        if isinstance(value, types.ModuleType) and f"{self.__name__}.{name}" in MOVED and name in self.__dict__:
+        kept = self.__dict__.get(name)
+        if isinstance(value, types.ModuleType) and f"{self.__name__}.{name}" in MOVED and kept is not None \
+                and not isinstance(kept, types.ModuleType):
             return
         super().__setattr__(name, value)
 

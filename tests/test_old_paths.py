@@ -37,7 +37,8 @@ def test_the_warning_points_at_the_importing_line():
 
 def test_an_old_path_keeps_the_public_name_it_shadows():
     sys.modules.pop("bnn.measure", None)  # so that the import system binds it on bnn again
-    import bnn.measure  # noqa: F401  (the old module path of bnn.nn.measure)
+    with pytest.warns(DeprecationWarning, match="import bnn.nn.measure"):
+        import bnn.measure  # noqa: F401  (the old module path of bnn.nn.measure)
 
     assert callable(bnn.measure) and bnn.measure is bnn.nn.measure.measure
 
