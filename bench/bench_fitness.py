@@ -43,10 +43,10 @@ sys.path[:0] = [os.path.join(_HERE, ".."), _HERE]  # the repository and bench/ (
 from bench_train import machine  # noqa: E402
 
 from bnn.data import Dataset  # noqa: E402
-from bnn.measure_op import use_measure_op  # noqa: E402
-from bnn.models import build_model  # noqa: E402
+from bnn.nn.measure_op import use_measure_op  # noqa: E402
+from bnn.nn.models import build_model  # noqa: E402
 from bnn.settings import ADAM_BETAS, FITNESS  # noqa: E402
-from bnn.train_loop import CUDA_FINITE_CHECK_EVERY, evaluate, setup_backend  # noqa: E402
+from bnn.train.loop import CUDA_FINITE_CHECK_EVERY, evaluate, setup_backend  # noqa: E402
 from refimpl.cli import OneLineParser, positive_int  # noqa: E402
 
 PAPER_TRAIN, PAPER_VAL = 45_000, 5_000  # the search's CIFAR-10 split (bnn.data: 5,000 held out)
@@ -84,7 +84,7 @@ def build_parser() -> OneLineParser:
     p.add_argument("--compile", action="store_true", help="torch.compile the model, as bnn.train --compile does")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     p.add_argument("--measure-op", action="store_true",
-                   help="the measure as one opaque operator (bnn/measure_op.py): a new genome reuses the compiled step")
+                   help="the measure as one opaque operator (bnn/nn/measure_op.py): a new genome reuses the compiled step")
     p.add_argument("--fused-adam", action="store_true", help="Adam's fused kernel (CUDA)")
     p.add_argument("--cudagraphs", action="store_true",
                    help="with --compile: mode reduce-overhead, the step's kernels replayed as CUDA graphs (bnn.train "

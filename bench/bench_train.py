@@ -30,7 +30,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bnn.data import Dataset  # noqa: E402
-from bnn.models import build_model  # noqa: E402
+from bnn.nn.models import build_model  # noqa: E402
 from bnn.train import ADAM_BETAS, EVAL_BATCH, PRESETS, _setup_backend  # noqa: E402
 
 VARIANTS = (("float ResNet-18", "baseline", False), ("binary baseline", "baseline", True), ("binary M9", "M9", True))
@@ -120,7 +120,7 @@ def main() -> int:
     p.add_argument("--measures", metavar="LIST", help="'paper' (baseline and M1..M10) or a comma-separated list")
     p.add_argument("--fused", action="store_true",
                    help="with --measures: each genome through both measure implementations side by side, the "
-                        "default (fused, bnn.measure_fused) and eager (bnn.train --measure-impl)")
+                        "default (fused, bnn.nn.measure_fused) and eager (bnn.train --measure-impl)")
     p.add_argument("--counts", metavar="LIST",
                    help="with --measures: count conventions, comma-separated (raw, freq, laplace), a table each "
                         "(default: raw)")

@@ -62,7 +62,7 @@ print("python", platform.python_version(), "torch", torch.__version__, "cuda", t
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print("gpu", p.name, f"{p.total_memory / 2**30:.1f} GiB", "SMs", p.multi_processor_count)
-import bnn.measure_op, bnn.train_loop, refimpl.isa  # what the other steps import
+import bnn.nn.measure_op, bnn.train.loop, refimpl.isa  # what the other steps import
 print("imports ok; refimpl kernel path:", refimpl.isa.current_path())
 EOF
 }

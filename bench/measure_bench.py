@@ -73,7 +73,7 @@ def build_engines(names, arch: str, downsample: str, tmp: str) -> tuple[dict, di
     import torch
 
     from bnn.export import export_model
-    from bnn.models import build_model
+    from bnn.nn.models import build_model
     from refimpl import engine
 
     engines, first = {}, {}
@@ -96,7 +96,7 @@ def _epilogue_share(eng, x, runs: int = 3) -> float:
     """The epilogue's share of the network time, with every unit in two passes (GEMM, then the
     epilogue over the counts it left in memory): (binary units' time - their GEMMs timed alone) /
     network time; medians of ``runs`` runs, the GEMMs timed right after."""
-    from bench_infer import gemm_report
+    from engine_timing import gemm_report
 
     from refimpl.engine import plan as plan_module
 
@@ -164,9 +164,9 @@ def run_measures(args) -> int:
     """Build, time and print the measure table; 0."""
     import torch
     from bench_counts import cpu_name
-    from bench_infer import build_models
+    from engine_timing import build_models
 
-    from bnn.models import build_model
+    from bnn.nn.models import build_model
     from refimpl import Genome, info
 
     names = genomes(args)

@@ -12,7 +12,7 @@ backward, by the layer's own path) on the counts every binary layer of that mode
 its warm-up step, timed in the same rounds.
 
 The models train as ``bnn.train`` trains them: with ``TrainConfig``'s default ``measure_impl``
-(``fused``: bnn/measure_fused.py on float32 CPU counts); ``--fused`` adds each genome with the
+(``fused``: bnn/nn/measure_fused.py on float32 CPU counts); ``--fused`` adds each genome with the
 eager torch measure beside it (``--measure-impl eager``), in the same rounds. ``--counts``: one
 table per convention (comma-separated; raw, freq, laplace).
 """
@@ -27,8 +27,8 @@ import torch.nn.functional as F
 # The genomes a run compares, as the engine's bench reads them (--measure, --measures paper).
 from measure_bench import genomes  # bench/ is on the path (bench_train.py)
 
-from bnn.layers import set_measure_impl
-from bnn.models import build_model
+from bnn.nn.layers import set_measure_impl
+from bnn.nn.models import build_model
 from bnn.train import ADAM_BETAS, TrainConfig
 from refimpl.conventions import check_counts
 
@@ -38,10 +38,10 @@ DEFAULT_IMPL = TrainConfig().measure_impl
 def _recorded(model, step) -> list:
     """Run ``step`` once with each binary layer keeping its counts and window sizes; returns them
     (the timed steps copy nothing)."""
-    from bnn.layers import _BinaryMeasureLayer
+    from bnn.nn.layers import BinaryMeasureLayer
 
     seen = []
-    layers = [m for m in model.modules() if isinstance(m, _BinaryMeasureLayer)]
+    layers = [m for m in model.modules() if isinstance(m, BinaryMeasureLayer)]
     for layer in layers:
         def keep(counts, n, layer=layer, original=layer._measure_counts):
             seen.append((layer, original, n, *(t.detach().clone() for t in counts)))

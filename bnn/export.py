@@ -1,7 +1,7 @@
 """Export a trained BNN for the CPU engine: ``python -m bnn.export CHECKPOINT -o MODEL.bnn``.
 
 The file format, its name, version and layer records are refimpl's (``refimpl/engine/format.py``
-documents them): this module turns a ``bnn.models.BNNet`` into those records, folding every
+documents them): this module turns a ``bnn.nn.models.BNNet`` into those records, folding every
 BatchNorm as torch computes it and packing the binary weights, and has the engine's reader check
 the result (``refimpl/engine/model_file.py``) before anything is written, so it never writes a
 file the engine refuses.
@@ -27,8 +27,8 @@ from refimpl.kernels.bits import pack_bits
 from refimpl.kernels.fma import fma
 from refimpl.kernels.geometry import int_pair
 
-from .layers import BinaryConv2d
-from .models import BinaryUnit, build_model
+from .nn.layers import BinaryConv2d
+from .nn.models import BinaryUnit, build_model
 
 
 # ----------------------------------------------------------------------------------------------
@@ -87,13 +87,13 @@ def _real_shortcut(prefix: str, unit: BinaryUnit) -> fmt.RealShortcut:
     conv, pool = unit.down_conv, unit.down_pool
     if (int_pair(conv.kernel_size, "kernel") != (1, 1) or int_pair(conv.stride, "stride") != (1, 1)
             or int_pair(conv.padding, "padding") != (0, 0) or conv.bias is not None or conv.groups != 1):
-        raise ValueError(f"{prefix}: the real shortcut must be a bias-free 1x1 nn.Conv2d with stride 1 (bnn.models)")
+        raise ValueError(f"{prefix}: the real shortcut must be a bias-free 1x1 nn.Conv2d with stride 1 (bnn.nn.models)")
     k = (1, 1)
     if pool is not None:
         k = int_pair(pool.kernel_size, "kernel")
         if (not isinstance(pool, nn.AvgPool2d) or int_pair(pool.stride, "stride") != k
                 or int_pair(pool.padding, "padding") != (0, 0) or not pool.ceil_mode or pool.divisor_override is not None):
-            raise ValueError(f"{prefix}: the real shortcut's pool must be AvgPool2d(k, k, ceil_mode=True) (bnn.models)")
+            raise ValueError(f"{prefix}: the real shortcut's pool must be AvgPool2d(k, k, ceil_mode=True) (bnn.nn.models)")
     scale, shift = fold_batchnorm(unit.down_bn)
     return fmt.RealShortcut(name=prefix, in_channels=int(conv.in_channels), out_channels=int(conv.out_channels),
                             pool=k, weight=_f32(conv.weight), scale=scale, shift=shift)
@@ -131,7 +131,7 @@ def _layers(model: nn.Module) -> list:
     """The model's layer records in execution order (models.py's flat layout)."""
     stem = model.stem
     if stem.bias is not None or stem.groups != 1:
-        raise ValueError("the stem must be a bias-free, groups=1 nn.Conv2d (bnn.models layout)")
+        raise ValueError("the stem must be a bias-free, groups=1 nn.Conv2d (bnn.nn.models layout)")
     scale, shift = fold_batchnorm(model.stem_bn)
     layers = [fmt.Stem(name="stem", in_channels=int(stem.in_channels), out_channels=int(stem.out_channels),
                        **_geometry(stem), weight=_f32(stem.weight), scale=scale, shift=shift)]
@@ -154,7 +154,7 @@ def _layers(model: nn.Module) -> list:
 
 def export_model(model: nn.Module, path: str, *, mean=None, std=None, pixel_max=None, class_names=None,
                  source_sha256: str | None = None, dataset: str | None = None) -> dict:
-    """Write ``model`` (a ``bnn.models.BNNet``) to ``path``; returns the metadata written.
+    """Write ``model`` (a ``bnn.nn.models.BNNet``) to ``path``; returns the metadata written.
 
     ``mean``/``std``: per-channel normalization in raw pixel units (default: identity).
     """
@@ -164,7 +164,7 @@ def export_model(model: nn.Module, path: str, *, mean=None, std=None, pixel_max=
     _refuse_non_finite(model, path)
     config = dict(getattr(model, "config", {}))
     if "measure" not in config:
-        raise ValueError("model has no .config with a measure; build it with bnn.models")
+        raise ValueError("model has no .config with a measure; build it with bnn.nn.models")
     genome = Genome.parse(config["measure"])
     for m in model.modules():
         if isinstance(m, BinaryConv2d) and str(m.genome) != str(genome):
@@ -183,11 +183,11 @@ def export_model(model: nn.Module, path: str, *, mean=None, std=None, pixel_max=
     wrong = fmt.FOREIGN_SHORTCUT.get(downsample)
     if downsample not in fmt.DOWNSAMPLE_KINDS or any(getattr(layer, "residual", None) == wrong for layer in layers):
         raise ValueError(f"model.config says downsample={downsample!r}, which its shortcuts are not; "
-                         "build the model with bnn.models and one downsample kind")
+                         "build the model with bnn.nn.models and one downsample kind")
     counts = config.get("counts", DEFAULT_COUNTS)
     if any(m.counts != counts for m in model.modules() if isinstance(m, BinaryConv2d)):
         raise ValueError(f"model.config says counts={counts!r}, which its binary layers do not all use; "
-                         "build the model with bnn.models and one count convention")
+                         "build the model with bnn.nn.models and one count convention")
     description = fmt.Description(
         genome=genome, input_shape=tuple(config.get("input_shape", [in_ch, 0, 0])), num_classes=num_classes,
         class_names=names, mean=mean, std=std, pixel_max=pixel_max, downsample=downsample, layers=layers,

@@ -84,7 +84,7 @@ def run_cells(cells, root, data_dir=None, device="auto", epochs=None, val_size=N
     from .data import load_dataset  # torch only when something is trained
     from .settings import MEASURE_IMPL_BEFORE
     from .train import TrainConfig, resolve_device, train_model
-    from .train_files import load_checkpoint
+    from .train.files import load_checkpoint
 
     overrides = {} if epochs is None else {"epochs": epochs}
     configs = {}

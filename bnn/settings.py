@@ -59,17 +59,17 @@ DEFAULT_MODEL = {"digits": "digits_net", "mnist": "mnist_net", "fashion-mnist": 
                  "cifar10": "resnet18", "cifar100": "resnet18"}
 ADAM_BETAS = (0.9, 0.999)
 
-# How a training step runs (bnn/train_loop.py):
+# How a training step runs (bnn/train/loop.py):
 #   eager     the layers as written, Adam's for-each kernel, every batch (the last one ragged);
-#   compiled  torch.compile with the measure as one opaque operator (bnn/measure_op.py: a new
+#   compiled  torch.compile with the measure as one opaque operator (bnn/nn/measure_op.py: a new
 #             genome reuses the compiled graph), full batches only (one shape: no second compile),
 #             Adam's fused kernel on CUDA;
 #   graphs    the same, but torch.compile's mode="reduce-overhead" (CUDA graphs) with the genome in
 #             the graph (an operator with a CPU argument is never captured): a new genome recompiles;
 #   auto      compiled on CUDA, eager on the CPU (inductor's C++ compile takes minutes there).
 STEPS = ("auto", "eager", "compiled", "graphs")
-# How a binary layer's measure runs in training (bnn/layers.py set_measure_impl):
-#   fused  bnn/measure_fused.py: one Numba pass forward and one backward, where it applies (float32
+# How a binary layer's measure runs in training (bnn/nn/layers.py set_measure_impl):
+#   fused  bnn/nn/measure_fused.py: one Numba pass forward and one backward, where it applies (float32
 #          counts on the CPU, outside torch.compile), eager elsewhere; TrainConfig's default;
 #   eager  torch operators, one pass over memory each, forward and backward.
 # The two agree to float32 rounding, not to the bit. A checkpoint, evidence protocol or search

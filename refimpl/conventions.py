@@ -3,7 +3,7 @@
 The paper calls a, b, c, d "frequencies" but writes them as popcounts and shows no code, so how a
 count reaches the unary operators is a reading, and every reading is named here, once, for all
 paths: ``refimpl.measure``, the engine's generated epilogue (``refimpl/codegen``), the torch path
-(``bnn/measure.py``) and ``verify/`` each evaluate the same ``formula`` in the measure's dtype.
+(``bnn/nn/measure.py``) and ``verify/`` each evaluate the same ``formula`` in the measure's dtype.
 
 Each formula is a function of one count ``x`` and the window's size ``n = a + b + c + d`` (its
 in-bounds taps times the input channels; padded taps count in none). Both are integers below

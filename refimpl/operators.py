@@ -6,7 +6,7 @@ function names in ``FUNCTIONS``. Both evaluators are derived from it:
 
 * the Numba evaluator (``refimpl/_numba_ops.py``) is generated from these expressions by
   ``python -m refimpl.codegen`` and a test fails when the generated file is stale;
-* the torch evaluator (``bnn/measure.py``) evaluates the same expressions with torch functions.
+* the torch evaluator (``bnn/nn/measure.py``) evaluates the same expressions with torch functions.
 
 The tests iterate these tuples, so a row added here is covered in both paths or the suite fails.
 """

@@ -1,4 +1,4 @@
-"""Models for the export/engine tests: built by bnn.models, BatchNorm statistics set from data."""
+"""Models for the export/engine tests: built by bnn.nn.models, BatchNorm statistics set from data."""
 from __future__ import annotations
 
 import os
@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import torch
 
-from bnn.layers import BinaryConv2d
-from bnn.models import build_model, calibrate_batchnorm
+from bnn.nn.layers import BinaryConv2d
+from bnn.nn.models import build_model, calibrate_batchnorm
 
 # verify/ is a package beside tests/; a bare ``pytest tests`` does not put the root on the path.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

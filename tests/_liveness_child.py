@@ -1,7 +1,7 @@
 """A spawned worker for tests/test_worker_death.py that relies on the liveness pipe alone."""
 import threading
 
-from bnn.search.evaluators import watch_liveness_pipe
+from bnn.common.liveness import watch_liveness_pipe
 
 
 def pipe_watching_worker(alive, ready):

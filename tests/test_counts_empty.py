@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-import bnn.counts as torch_counts
 import refimpl
+from bnn.nn import counts as torch_counts
 from refimpl.kernels import counts as ref_counts
 
 # (x shape, w shape, padding) -> the output shape, by hand: Ho = H + 2p - (KH - 1) at stride 1.

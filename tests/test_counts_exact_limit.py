@@ -12,8 +12,8 @@ import pytest
 import torch
 from _tiny_bnn import model_bytes
 
-import bnn.counts as torch_counts
 import refimpl
+from bnn.nn import counts as torch_counts
 from refimpl import engine
 from refimpl.genome import Genome
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from _cli import run_main
 
-from bnn._diagnose_probe import Recorder, attach
 from bnn.data import Dataset, load_dataset
 from bnn.diagnose import diagnose, main
-from bnn.models import build_model
-from bnn.train_config import TrainConfig
+from bnn.diagnose.probe import Recorder, attach
+from bnn.nn.models import build_model
+from bnn.train.config import TrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_bad_input_is_one_line_and_exit_2(args):
 
 
 def test_default_steps_are_the_evidence_protocols_epochs():
-    from bnn.diagnose import _configs, _parser
+    from bnn.diagnose.cli import _configs, _parser
 
     args, _ = _parser().parse(["--data-dir", "/nonexistent"])
     configs, steps = _configs(args)
@@ -129,7 +129,7 @@ def test_default_steps_are_the_evidence_protocols_epochs():
 
 def test_its_steps_are_bnn_trains_steps(digits):
     # The same initialization, data order and Adam: the epoch's mean loss is bnn.train's, to float rounding.
-    from bnn.train_loop import train_model
+    from bnn.train.loop import train_model
 
     cfg = TrainConfig(measure="M3", batch_size=256, epochs=1, eval_test=False)
     run = diagnose(TrainConfig(measure="M3", batch_size=256), run_steps := -(-len(digits.train_y) // 256), digits)
@@ -141,8 +141,8 @@ def test_its_steps_are_bnn_trains_steps(digits):
 def test_an_overflow_in_the_counts_backward_is_named_with_its_sum():
     # Finite count gradients of 3e38 sum to dL/da = ga - gb - gc + gd = inf in the counts' backward, whose
     # convolution with 0/1 bits then gives inf * 0 = NaN: the first non-finite gradient is made there.
-    from bnn.diagnose import _first_gradient_failure
-    from bnn.layers import BinaryConv2d
+    from bnn.diagnose.cli import _first_gradient_failure
+    from bnn.nn.layers import BinaryConv2d
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(BinaryConv2d(3, 4, 3, padding=1))

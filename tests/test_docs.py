@@ -171,7 +171,7 @@ def _ticks(cell: str) -> list[str]:
 def layout_problems(readme: str, root: Path = ROOT) -> list[str]:
     """What the layout table gets wrong about the tree at ``root``: names of missing files, folders it lacks.
 
-    A row's first cell is a path and, after it, names in the same folder (`bnn/models.py`, `data.py`);
+    A row's first cell is a path and, after it, names in the same folder (`bnn/settings.py`, `data.py`);
     the other cells' `.py` names are relative to that folder or one above it (`kernels/_tiles.py`).
     """
     problems, rows_named, named = [], set(), set()
@@ -210,10 +210,10 @@ def test_layout_check_flags_a_missing_folder_row_and_a_name_not_in_the_tree():
     readme = (ROOT / "README.md").read_text()
     engine_row = next(line for line in readme.splitlines() if line.startswith("| `refimpl/engine/` |"))
     broken = readme.replace(engine_row + "\n", "").replace(
-        "| `bnn/runlock.py` |", "| `bnn/runlock.py`, `gone.py` | `kernels/nowhere.py` and"
+        "| `bnn/export.py`, `reproduce.py` |", "| `bnn/export.py`, `gone.py` | `kernels/nowhere.py` and"
     )
     assert layout_problems(broken) == [
         "names `bnn/gone.py`, which is not in the tree",
-        "the bnn/runlock.py row names `kernels/nowhere.py`, which is not in the tree",
+        "the bnn/export.py row names `kernels/nowhere.py`, which is not in the tree",
         "has no row for refimpl/engine/",
     ]

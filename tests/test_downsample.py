@@ -19,8 +19,8 @@ from test_infer import _assert_counts_identical, _infer_here, _last_json, _rewri
 from torch import nn
 
 from bnn.export import export_checkpoint, export_model
-from bnn.layers import BinaryConv2d
-from bnn.models import MODELS, BinaryUnit, build_model
+from bnn.nn.layers import BinaryConv2d
+from bnn.nn.models import MODELS, BinaryUnit, build_model
 from refimpl import engine
 from refimpl.engine.format import FORMAT
 from verify.nets import downsampling_net
@@ -295,7 +295,7 @@ def test_a_binary_file_may_not_hold_a_real_shortcut_nor_a_real_one_a_binary(tmp_
 def test_train_real_one_epoch_then_export_and_engine_agree(tmp_path, monkeypatch, capsys):
     import bnn.train
     from bnn.data import load_dataset
-    from bnn.models import MODELS
+    from bnn.nn.models import MODELS
 
     # A digits-sized net with downsampling units (digits_net keeps its width and size).
     monkeypatch.setitem(MODELS, "downsampling_net", downsampling_net)

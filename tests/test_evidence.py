@@ -9,9 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from bnn import _stats, evidence
+from bnn import evidence
 from bnn import train as bnn_train
-from bnn._evidence_report import summarize
+from bnn.common import stats as _stats
+from bnn.evidence.report import summarize
 
 scipy_stats = pytest.importorskip("scipy.stats")
 

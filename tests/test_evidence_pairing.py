@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bnn import evidence
-from bnn._evidence_report import summarize
+from bnn.evidence.report import summarize
 
 scipy_stats = pytest.importorskip("scipy.stats")
 

@@ -12,7 +12,7 @@ from _engine_models import fresh_model
 from safetensors.numpy import load_file
 
 from bnn.export import export_model, fold_batchnorm
-from bnn.layers import BinaryConv2d
+from bnn.nn.layers import BinaryConv2d
 from bnn.train import TrainConfig, train_model
 from refimpl.engine.float_kernels import affine_sign_word
 from refimpl.engine.format import FORMAT, VERSION

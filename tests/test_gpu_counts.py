@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import refimpl
-from bnn.counts import counts_conv2d
-from bnn.models import binary_layers, build_model
+from bnn.nn.counts import counts_conv2d
+from bnn.nn.models import binary_layers, build_model
 
 DEVICE = os.environ.get("BNN_COUNTS_DEVICE", "cuda")
 needs_device = pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -23,7 +23,7 @@ pytest.importorskip("triton")
 import refimpl  # noqa: E402
 from bnn.gpu import measure_kernels as kernels  # noqa: E402
 from bnn.gpu.measure_op import measure, set_genome, use_triton_measure  # noqa: E402
-from bnn.layers import BinaryConv2d, BinaryLinear, set_measure_grad_clip  # noqa: E402
+from bnn.nn.layers import BinaryConv2d, BinaryLinear, set_measure_grad_clip  # noqa: E402
 
 if DEVICE == "cpu" and not kernels.INTERPRETED:
     pytest.skip("TRITON_INTERPRET was 0 before this module set it, and there is no GPU", allow_module_level=True)

@@ -31,9 +31,9 @@ import refimpl  # noqa: E402
 from bnn.gpu import measure_kernels as kernels  # noqa: E402
 from bnn.gpu.counts import count_sums  # noqa: E402
 from bnn.gpu.measure_tables import rows_of, unary_table, unary_tables  # noqa: E402
-from bnn.layers import clip_measure_grad  # noqa: E402
-from bnn.measure import convert_counts  # noqa: E402
-from bnn.measure import measure as eager_measure  # noqa: E402
+from bnn.nn.layers import clip_measure_grad  # noqa: E402
+from bnn.nn.measure import convert_counts  # noqa: E402
+from bnn.nn.measure import measure as eager_measure  # noqa: E402
 from refimpl._numba_ops import unary_f32  # noqa: E402
 from refimpl.conventions import NAMES as CONVENTIONS  # noqa: E402
 from refimpl.conventions import convert  # noqa: E402

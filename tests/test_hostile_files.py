@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from bnn import evidence
-from bnn.runlock import hold_run_dir
+from bnn.common.jsonl import append_line
+from bnn.common.runlock import hold_run_dir
 from bnn.search import cli as search_cli
 from bnn.search import journal as jr
 from refimpl import fileio
@@ -98,7 +99,7 @@ def test_a_journal_that_is_a_symbolic_link_is_refused_and_its_target_untouched(t
     with pytest.raises(OSError, match="symbolic link"):
         evidence.read_journal(str(root / "journal.jsonl"), print)
     with pytest.raises(OSError, match="symbolic link"):
-        evidence.append_line(str(root / "journal.jsonl"), {"kind": "x"})
+        append_line(str(root / "journal.jsonl"), {"kind": "x"})
     assert target.read_bytes() == PRECIOUS
 
 

@@ -350,7 +350,7 @@ def mnist_model(mnist_run):
 def test_infer_dataset_mnist_predicts_what_torch_predicts(mnist_run, mnist_model, tmp_path):
     import torch
 
-    from bnn.models import build_model
+    from bnn.nn.models import build_model
     from bnn.train import load_checkpoint
 
     r = _infer_here(mnist_model, "--dataset", "mnist", "--data-dir", mnist_run["data"], "--json", "--out",

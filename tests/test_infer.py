@@ -18,10 +18,10 @@ from _engine_models import assert_logits_close, digits_images, fresh_model, torc
 from _tiny_cifar import make_cifar
 from safetensors.numpy import load_file, save_file
 
-from bnn.counts import counts_conv2d as torch_counts
 from bnn.data import DIGITS_TEST_SIZE, load_dataset, read_cifar
 from bnn.export import export_checkpoint, export_model
-from bnn.layers import BinaryConv2d, sign
+from bnn.nn.counts import counts_conv2d as torch_counts
+from bnn.nn.layers import BinaryConv2d, sign
 from bnn.train import TrainConfig, train_model
 from refimpl import datasets, engine
 from refimpl.engine import plan
@@ -75,7 +75,7 @@ def digits_run(tmp_path_factory):
     assert r.status == "ok" and r.test_acc > 0.8  # it learned something; parity on a random net is weaker
     path = os.path.join(out, "model.bnn")
     export_checkpoint(os.path.join(out, "checkpoint.pt"), path)
-    from bnn.models import build_model
+    from bnn.nn.models import build_model
     from bnn.train import load_checkpoint
 
     ckpt = load_checkpoint(os.path.join(out, "checkpoint.pt"))
@@ -284,7 +284,7 @@ def test_a_model_trained_on_freq_counts_predicts_without_torch_what_torch_predic
     assert r.status == "ok" and r.test_acc > 0.3  # far above chance (0.1) after 3 short epochs: it learned
     path = str(tmp_path / "m10-freq.bnn")
     assert export_checkpoint(os.path.join(out, "checkpoint.pt"), path)["counts"] == "freq"
-    from bnn.models import build_model
+    from bnn.nn.models import build_model
     from bnn.train import load_checkpoint
 
     model = build_model("digits_net", "M10", 10, (1, 8, 8), counts="freq")

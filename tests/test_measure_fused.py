@@ -1,4 +1,4 @@
-"""The fused training measure (bnn/measure_fused.py): its forward is the eager measure's and its
+"""The fused training measure (bnn/nn/measure_fused.py): its forward is the eager measure's and its
 gradients are autograd's, up to the rounding of float32 libm calls, under every count convention;
 its lookup tables change no bit of what the untabled kernels compute."""
 from __future__ import annotations
@@ -8,10 +8,10 @@ import pytest
 import torch
 from test_measure_tables import _counts, _latin_genomes
 
-from bnn import measure_fused
-from bnn.layers import set_measure_grad_clip, set_measure_impl
-from bnn.measure import measure as eager_measure
-from bnn.measure_fused import apply, use_fused_measure
+from bnn.nn import measure_fused
+from bnn.nn.layers import set_measure_grad_clip, set_measure_impl, use_fused_measure
+from bnn.nn.measure import measure as eager_measure
+from bnn.nn.measure_fused import apply
 from refimpl.conventions import NAMES as CONVENTIONS
 from refimpl.operators import UNARY
 
@@ -142,7 +142,7 @@ def test_fused_gradients_are_autograds(genome, counts):
 
 
 def _model_grads(measure, counts, impl, clip=None, batch=8):
-    from bnn.models import build_model
+    from bnn.nn.models import build_model
 
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(batch, 1, 28, 28, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
@@ -168,7 +168,7 @@ def test_a_model_trains_with_the_same_gradients_fused(counts):
 
 
 def test_use_fused_measure_sets_the_fused_implementation():
-    from bnn.models import build_model
+    from bnn.nn.models import build_model
 
     model = use_fused_measure(build_model("digits_net", "M1", 10, (1, 8, 8)))
     assert {m.measure_impl for m in model.modules() if hasattr(m, "genome")} == {"fused"}

@@ -8,10 +8,10 @@ import pytest
 import torch
 from _cli import run_main
 
-from bnn.layers import BinaryConv2d, BinaryLinear, set_measure_grad_clip
+from bnn.nn.layers import BinaryConv2d, BinaryLinear, set_measure_grad_clip
 from bnn.train import main
-from bnn.train_config import TrainConfig
-from bnn.train_files import CHECKPOINT, load_checkpoint
+from bnn.train.config import TrainConfig
+from bnn.train.files import CHECKPOINT, load_checkpoint
 
 SQRT_D = "0-4-0-0-0-0-1"  # a + sqrt(d) - (b + c): finite everywhere, its derivative in d infinite at d = 0
 

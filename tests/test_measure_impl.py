@@ -8,13 +8,13 @@ import pytest
 import torch
 from _cli import run_main
 
-from bnn import measure_fused
-from bnn.layers import _BinaryMeasureLayer, set_measure_impl
-from bnn.models import build_model
+from bnn.nn import measure_fused
+from bnn.nn.layers import BinaryMeasureLayer, set_measure_impl
+from bnn.nn.models import build_model
 from bnn.train import main
-from bnn.train_config import TrainConfig
-from bnn.train_files import CHECKPOINT, load_checkpoint
-from bnn.train_loop import train_model
+from bnn.train.config import TrainConfig
+from bnn.train.files import CHECKPOINT, load_checkpoint
+from bnn.train.loop import train_model
 
 SMALL = dict(dataset="digits", model="digits_net", epochs=2, train_size=256, batch_size=64, milestones=(1,))
 
@@ -35,7 +35,7 @@ def test_cpu_training_runs_the_fused_measure_by_default():
 def test_measure_impl_eager_is_the_eager_path_to_the_bit(monkeypatch):
     # The eager path as the layers ran it before the setting existed: convert, clip, measure.
     eager = _train(measure="M1", counts="laplace", measure_impl="eager")
-    monkeypatch.setattr(_BinaryMeasureLayer, "_measure_counts",
+    monkeypatch.setattr(BinaryMeasureLayer, "_measure_counts",
                         lambda self, counts, n: self._measure(*self._converted(counts, n)))
     before = _train(measure="M1", counts="laplace", measure_impl="fused")  # the fused path is not reached
     assert eager.train_loss == before.train_loss and eager.val_acc_per_epoch == before.val_acc_per_epoch

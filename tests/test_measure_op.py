@@ -1,12 +1,12 @@
-"""``bnn.measure_op`` (issue 16 item 1): routing the measure through one opaque operator changes no output and
+"""``bnn.nn.measure_op`` (issue 16 item 1): routing the measure through one opaque operator changes no output and
 no gradient, and under torch.compile a model built for a new genome runs without recompiling, where the
 layers' own measure recompiles."""
 import pytest
 import torch
 from torch import nn
 
-from bnn.layers import BinaryConv2d, BinaryLinear
-from bnn.measure_op import use_measure_op
+from bnn.nn.layers import BinaryConv2d, BinaryLinear
+from bnn.nn.measure_op import use_measure_op
 
 # Paper measures, a learnable-alpha genome, and one with constant slots (alpha, zero) so that some
 # counts get no gradient at all.

@@ -156,8 +156,8 @@ def _model_pair(tmp_path, name, downsample, counts):
     import torch
 
     from bnn.export import export_model
-    from bnn.layers import BinaryConv2d
-    from bnn.models import calibrate_batchnorm
+    from bnn.nn.layers import BinaryConv2d
+    from bnn.nn.models import calibrate_batchnorm
     from refimpl import engine
     from verify.nets import downsampling_net
 

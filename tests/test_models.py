@@ -3,8 +3,8 @@ import pytest
 import torch
 from torch import nn
 
-from bnn.layers import BinaryConv2d
-from bnn.models import MODELS, BinaryUnit, binary_layers, build_model
+from bnn.nn.layers import BinaryConv2d
+from bnn.nn.models import MODELS, BinaryUnit, binary_layers, build_model
 from refimpl.genome import Genome
 
 SHAPES = {"digits_net": (1, 8, 8), "mnist_net": (1, 28, 28)}

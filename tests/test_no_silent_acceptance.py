@@ -15,8 +15,8 @@ from _engine_models import fresh_model
 import bnn
 import refimpl
 from bnn.export import export_model
-from bnn.layers import BinaryConv2d
-from bnn.models import build_model
+from bnn.nn.layers import BinaryConv2d
+from bnn.nn.models import build_model
 from bnn.search import cli as search_cli
 from refimpl import Genome, isa
 

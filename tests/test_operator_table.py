@@ -9,9 +9,9 @@ import pytest
 import torch
 from _cli import run_main
 
-from bnn.measure import TORCH_FUNCTIONS
-from bnn.measure import binary as torch_binary
-from bnn.measure import unary as torch_unary
+from bnn.nn.measure import TORCH_FUNCTIONS
+from bnn.nn.measure import binary as torch_binary
+from bnn.nn.measure import unary as torch_unary
 from refimpl import BINARY, UNARY, Genome, measure
 from refimpl.formula import parse
 from refimpl.operators import FUNCTIONS

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from _cli import run_main
 
-from bnn._stats import bootstrap_spearman, top_agreement
+from bnn.common.stats import bootstrap_spearman, top_agreement
 
 scipy_stats = pytest.importorskip("scipy.stats")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bnn import train as train_cli
-from bnn.runlock import RunDirInUse, hold_run_dir
+from bnn.common.runlock import RunDirInUse, hold_run_dir
 from bnn.search import cli as search_cli
 from bnn.search import journal as jr
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SYN = ["--fitness", "synthetic:2", "--population", "4", "--epochs", "3", "--thresholds", "0.2",
        "--max-evaluations", "12", "--no-progress"]
 # A second process that takes the lock, says so, and holds it until its stdin closes.
-HOLDER = ("import sys; from bnn.runlock import hold_run_dir; lock = hold_run_dir(sys.argv[1]); "
+HOLDER = ("import sys; from bnn.common.runlock import hold_run_dir; lock = hold_run_dir(sys.argv[1]); "
           "print('held', flush=True); sys.stdin.read()")
 
 

@@ -11,7 +11,7 @@ from _cli import run_main
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bnn._stats import spearman
+from bnn.common.stats import spearman
 from bnn.search.fitness import synthetic_result
 
 scipy_stats = pytest.importorskip("scipy.stats")

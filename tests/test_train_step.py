@@ -7,10 +7,10 @@ import pytest
 import torch
 from _cli import run_main
 
-from bnn import train_loop
 from bnn.search.fitness import fitness_config
 from bnn.search.loop import SearchConfig
 from bnn.train import TrainConfig, main, resolve_step, train_model
+from bnn.train import loop as train_loop
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

@@ -1,7 +1,7 @@
 """Small networks for the parity checks that the registered models do not cover."""
 from __future__ import annotations
 
-from bnn.models import BinaryUnit, BNNet
+from bnn.nn.models import BinaryUnit, BNNet
 from refimpl.genome import Genome
 
 # (in, out, stride) per unit: stride 2 with a width change, width alone, stride 2 alone.
@@ -12,7 +12,7 @@ def downsampling_net(measure="baseline", num_classes=10, input_shape=(1, 8, 8), 
                      counts="raw"):
     """A digits-sized BNN whose units downsample in every way a shortcut can (docs/design.md section 6): 8x8 maps
     go 8, 4, 2, 1; odd maps (14x14: 14, 7, 4, 2) make the stride-2 shortcuts round up.
-    Same signature as ``bnn.models``' builders, so it can stand in the registry in tests."""
+    Same signature as ``bnn.nn.models``' builders, so it can stand in the registry in tests."""
     measure = str(Genome.parse(measure))
     body = [BinaryUnit(i, o, 3, s, 1, measure, residual=True, binary=binary, downsample=downsample, counts=counts)
             for i, o, s in _DOWNSAMPLING_UNITS]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import bnn
 import refimpl
-from bnn.measure import convert_counts
+from bnn.nn.measure import convert_counts
 from refimpl.conventions import NAMES
 from verify.strategies import count_arrays
 from verify.tolerance import refimpl_nodes

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bnn
-from bnn.layers import sign
+from bnn.nn.layers import sign
 from refimpl import BINARY, UNARY, Genome
 from verify.test_counts import conv_problems
 

@@ -15,10 +15,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from sklearn.datasets import load_digits
 
-from bnn.counts import counts_conv2d
 from bnn.export import export_model
-from bnn.layers import BinaryConv2d, sign
-from bnn.models import build_model, calibrate_batchnorm
+from bnn.nn.counts import counts_conv2d
+from bnn.nn.layers import BinaryConv2d, sign
+from bnn.nn.models import build_model, calibrate_batchnorm
 from refimpl import engine
 from verify.nets import downsampling_net
 

@@ -44,10 +44,10 @@ import numpy as np
 import torch
 
 import refimpl
-from bnn.measure import binary as torch_binary
-from bnn.measure import convert_counts
-from bnn.measure import measure as torch_measure
-from bnn.measure import unary as torch_unary
+from bnn.nn.measure import binary as torch_binary
+from bnn.nn.measure import convert_counts
+from bnn.nn.measure import measure as torch_measure
+from bnn.nn.measure import unary as torch_unary
 
 # Largest rule-2 deviation seen over the whole suite is 2 ulps (printed at the end of every
 # run); 4 leaves room for other libm builds without hiding a wrong formula, which is off by

@@ -11,7 +11,7 @@ before those passes. Its backward is bnn/counts.py's, from dL/da, dL/dpx, dL/dpw
 and dL/dx = dL/dxb / 2, dL/dw = dL/dwb / 2 (the 1/2 folded into the small operands). The window
 sizes ``n`` depend on the geometry only: ``bnn.counts.window_sizes``, computed once per layer.
 
-An inexact convolution (Winograd, FFT; ``bnn.counts._conv_may_be_inexact``) has px and pw rounded
+An inexact convolution (Winograd, FFT; ``bnn.nn.counts.conv_may_be_inexact``) has px and pw rounded
 here (small tensors) and ``a`` rounded inside the measure kernel (no pass of its own): the flag
 comes back as the fourth result.
 """
@@ -20,16 +20,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..counts import _compute_dtype, _conv_may_be_inexact, _half_plus_half, _no_autocast
+from ..nn.counts import compute_dtype, conv_may_be_inexact, half_plus_half, no_autocast
 
 
 class _CountSums(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, stride, padding, dilation):
-        dtype = _compute_dtype(x)
-        with _no_autocast(x.device):
-            xb = _half_plus_half(x.to(dtype))
-            wb = _half_plus_half(w.to(dtype))
+        dtype = compute_dtype(x)
+        with no_autocast(x.device):
+            xb = half_plus_half(x.to(dtype))
+            wb = half_plus_half(w.to(dtype))
             conv = dict(stride=stride, padding=padding, dilation=dilation)
             a = F.conv2d(xb, wb, **conv)
             ones_k = torch.ones((1, 1) + tuple(wb.shape[2:]), dtype=dtype, device=x.device)
@@ -38,7 +38,7 @@ class _CountSums(torch.autograd.Function):
             wsum = wb.sum(1, keepdim=True)
             px = F.conv2d(xsum, ones_k, **conv)
             pw = F.conv2d(mask, wsum, **conv)
-            if _conv_may_be_inexact(a):
+            if conv_may_be_inexact(a):
                 px.round_()
                 pw.round_()
         ctx.save_for_backward(xb, wb, xsum, ones_k, mask, wsum)
@@ -53,7 +53,7 @@ class _CountSums(torch.autograd.Function):
         need_x, need_w = ctx.needs_input_grad[:2]
         conv_args = (list(stride), list(padding), list(dilation), False, [0, 0], 1)
         grad_x = grad_w = None
-        with _no_autocast(xb.device):
+        with no_autocast(xb.device):
             gx, gw, _ = torch.ops.aten.convolution_backward(g_a, xb, wb * 0.5, None, *conv_args,
                                                             [need_x, need_w, False])
             if need_x:
@@ -71,4 +71,4 @@ def count_sums(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation):
     """(a, px, pw, round_a) of a binary convolution of +-1 tensors x (NCHW) and w (OIHW): ``a`` (N, O, Ho, Wo),
     px (N, 1, Ho, Wo), pw (1, O, Ho, Wo), and whether ``a`` still needs rounding (a Python bool)."""
     a, px, pw = _CountSums.apply(x, w, stride, padding, dilation)
-    return a, px, pw, _conv_may_be_inexact(a)  # the forward's own test: it reads a's device and dtype only
+    return a, px, pw, conv_may_be_inexact(a)  # the forward's own test: it reads a's device and dtype only

@@ -28,9 +28,9 @@ from torch import Tensor
 from refimpl.genome import Genome
 from refimpl.kernels.geometry import int_pair
 
-from ..counts import window_sizes
-from ..layers import BinaryConv2d, BinaryLinear, ste_sign
-from ..measure import initial_alpha
+from ..nn.counts import window_sizes
+from ..nn.layers import BinaryConv2d, BinaryLinear, ste_sign
+from ..nn.measure import initial_alpha
 from . import measure_kernels as kernels
 from .counts import count_sums
 from .measure_tables import rows_of, unary_tables

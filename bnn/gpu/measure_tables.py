@@ -31,7 +31,7 @@ from refimpl.conventions import DEFAULT as DEFAULT_COUNTS
 from refimpl.conventions import check_counts, convert
 from refimpl.operators import UNARY
 
-from ..measure import unary
+from ..nn.measure import unary
 
 ZERO_CODE = 1
 

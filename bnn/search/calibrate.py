@@ -27,8 +27,8 @@ from pathlib import Path
 from refimpl.cli import OneLineParser, one_line, positive_float, positive_int, seed_int
 from refimpl.fileio import read_regular
 
-from .._evidence_journal import append_line
-from .._stats import bootstrap_spearman, mean, spearman, top_agreement
+from ..common.jsonl import append_line
+from ..common.stats import bootstrap_spearman, mean, spearman, top_agreement
 from ..settings import DEFAULT_MODEL, FITNESS
 from .cost import CostError, grid_cell_seconds, grid_rows
 from .ga import BASELINE

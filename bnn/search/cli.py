@@ -13,7 +13,7 @@ from refimpl.cli import OneLineParser, nonnegative_int, one_line, positive_float
 from refimpl.conventions import NAMES as COUNT_CONVENTIONS
 from refimpl.datasets import DATASETS, canonical_name, dataset_arg
 
-from ..runlock import hold_run_dir
+from ..common.runlock import hold_run_dir
 from ..settings import DEFAULT_MODEL, FITNESS, MEASURE_IMPLS, PAPER_POPULATION, STEPS
 from . import journal as jr
 from .fitness import fitness_config, parse_fitness_spec

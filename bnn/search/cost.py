@@ -26,9 +26,9 @@ from pathlib import Path
 
 from refimpl.fileio import OutputError, read_regular
 
-from .._evidence_journal import append_line
-from .._stats import bootstrap_spearman, mean, spearman, top_agreement
-from ..runlock import RunDirInUse, hold_run_dir
+from ..common.jsonl import append_line
+from ..common.runlock import RunDirInUse, hold_run_dir
+from ..common.stats import bootstrap_spearman, mean, spearman, top_agreement
 from .journal import JOURNAL, JournalError, read
 from .loop import SearchConfig
 

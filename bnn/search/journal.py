@@ -4,7 +4,7 @@ Every line is one JSON object, written with a single ``write`` of the whole line
 fsynced before the engine acts on it, through a handle opened in append mode. A process killed
 mid-write leaves at most one torn last line; ``read`` ignores it and ``open_for_append`` cuts it
 off, so new lines never follow garbage. One process writes it at a time: the engine's caller
-holds the run folder's lock (``bnn.runlock``) from before the journal is read until the end.
+holds the run folder's lock (``bnn.common.runlock``) from before the journal is read until the end.
 
 Line types: ``start`` (configuration), ``resume`` (informational), ``proposal`` (one candidate,
 with how it was bred), ``result`` (its outcome), ``end`` (why the run stopped; informational:
@@ -73,7 +73,7 @@ class Journal:
     @classmethod
     def open_for_append(cls, path: Path, good_length: int) -> "Journal":
         """Cut a torn tail off, then append: in append mode no write can land on earlier bytes
-        (the run folder's lock, ``bnn.runlock``, keeps a second writer out altogether)."""
+        (the run folder's lock, ``bnn.common.runlock``, keeps a second writer out altogether)."""
         fd = open_regular(path, os.O_WRONLY | os.O_APPEND)  # never through a link planted meanwhile
         try:
             os.ftruncate(fd, good_length)

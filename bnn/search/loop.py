@@ -96,7 +96,7 @@ class SearchConfig:
     ray_address: str | None = None
     data_dir: str | None = None
     device: str = "auto"
-    step: str = "auto"  # how a fitness training step runs (bnn.train_config.STEPS)
+    step: str = "auto"  # how a fitness training step runs (bnn.train.config.STEPS)
 
     @classmethod
     def from_mapping(cls, mapping) -> "SearchConfig":

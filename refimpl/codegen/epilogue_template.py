@@ -274,6 +274,13 @@ def _alphas(suffix: str) -> list[str]:
     return [f"al{k}{suffix} = {src}[{k}]" for k in range(4)]
 
 
+def _task_alphas(mode: str) -> list[str]:
+    """A task's alpha rows as scalars, after its header (``epilogue_<mode>_task`` and
+    ``fused_<mode>_task`` alike): ``al0..al3``, and in down mode the second convolution's too."""
+    lines = _alphas("") + (_alphas("2") if mode == "down" else [])
+    return [f"    {line}" for line in lines]
+
+
 def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:
     """The module's docstring, imports, and its measure alone (``measure``, ``measure_array``;
     tabled: ``measure_t``, ``build_tables``, ``measure_array_tabled``)."""
@@ -388,9 +395,7 @@ def _epilogue_function(mode: str, counts: str, tables: list) -> list[str]:
         "    n_words = (n_out + 63) // 64",
         "    chunks = (positions + chunk - 1) // chunk",
     ]
-    body += [f"    {line}" for line in _alphas("")]
-    if mode == "down":
-        body += [f"    {line}" for line in _alphas("2")]
+    body += _task_alphas(mode)
     body += [
         "    for task in range(task0, task1):",
         "        i = task // chunks",
@@ -426,9 +431,7 @@ def _fused_function(mode: str, counts: str, tables: list) -> list[str]:
         f"    n_panels = (n_out + {TILE_CHANNELS - 1}) // {TILE_CHANNELS}",
         "    n_words = (n_out + 63) // 64",
     ]
-    body += [f"    {line}" for line in _alphas("")]
-    if mode == "down":
-        body += [f"    {line}" for line in _alphas("2")]
+    body += _task_alphas(mode)
     body += [
         "    # this thread's scratch (a task runs on one thread of the driver's parallel loop)",
         "    tid = numba.get_thread_id()",

@@ -184,11 +184,16 @@ def load(genome, counts: str = DEFAULT_COUNTS, tables: bool = True):
         return _LOADED[key]
     with _COMPILE_LOCK:  # two threads loading one genome make one module, not two
         if key not in _LOADED:
-            _LOADED[key] = _make_module(key, text)
+            _LOADED[key] = compile_module(key, text)
     return _LOADED[key]
 
 
-def _make_module(key: str, text: str):
+def compile_module(key: str, text: str):
+    """The module ``key`` executed from the generated source ``text``, whose file is written to
+    the private cache folder as ``key.py`` (Numba's ``cache=True`` needs a real file) but never
+    executed from there (``load`` says why): the public entry for any generated Numba module (``bnn/nn/measure_fused.py``'s
+    training kernels too). ``key`` must name the text (a digest of it in the name), since a
+    module of that name already in ``sys.modules`` is replaced."""
     directory = private_cache_dir()
     path = os.path.join(directory, f"{key}.py")
     current = None

@@ -1,5 +1,5 @@
 """Convolution geometry and the checks of the counts' arguments, shared by both paths
-(``bnn/counts.py`` imports them, so the two refuse the same input in the same words)."""
+(``bnn/nn/counts.py`` imports them, so the two refuse the same input in the same words)."""
 from __future__ import annotations
 
 import operator

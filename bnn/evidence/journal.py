@@ -1,4 +1,4 @@
-"""The evidence grid's journal (``bnn/evidence.py`` says what it holds): read, checked, appended.
+"""The evidence grid's journal (``bnn/evidence/grid.py`` says what it holds): read, checked, appended.
 
 Every line the reader accepts has the types the report needs, so a damaged or crafted journal is
 one ``GridError`` line, never a traceback in the report and never a bare ``NaN`` in results.json.
@@ -15,6 +15,8 @@ import os
 
 from refimpl.conventions import NAMES as COUNT_CONVENTIONS
 from refimpl.fileio import atomic_write_bytes, open_regular, read_regular
+
+from ..common.jsonl import json_line
 
 STATUSES = ("ok", "diverged", "rejected", "error")
 # What the report formats from a protocol line, and the type each must have (None: the default).
@@ -125,27 +127,4 @@ def read_journal(path: str, log) -> tuple[dict | None, dict[str, dict]]:
 def start_journal(path: str, protocol: dict) -> None:
     """A new journal holding the protocol line, replacing an empty or torn one (create-then-rename:
     a link in its place is refused, never written through)."""
-    atomic_write_bytes(path, _line({"kind": "protocol", "version": 1, "protocol": protocol}))
-
-
-def _finite(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return None  # strict JSON, as results.json is: no bare NaN or Infinity
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    return [_finite(x) for x in v] if isinstance(v, (list, tuple)) else v
-
-
-def _line(row: dict) -> bytes:
-    return (json.dumps(_finite(row), allow_nan=False) + "\n").encode()
-
-
-def append_line(path: str, row: dict) -> None:
-    """Append ``row`` as one JSON line in one write, fsynced: a kill leaves whole lines or a torn tail."""
-    data = _line(row)
-    fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)  # one write per line: a kill leaves a whole line or a torn tail
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_write_bytes(path, json_line({"kind": "protocol", "version": 1, "protocol": protocol}))

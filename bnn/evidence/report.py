@@ -16,8 +16,8 @@ from refimpl.conventions import NAMES as CONVENTIONS
 from refimpl.fileio import atomic_write_bytes as atomic_write  # temp file, fsync, rename, fsync the folder
 from refimpl.fileio import check_output
 
-from . import _stats
-from .paper_results import MEASURES
+from ..common import stats as _stats
+from ..paper_results import MEASURES
 
 
 def counts_of(entry: dict) -> str:
@@ -26,6 +26,7 @@ def counts_of(entry: dict) -> str:
 
 
 def host_info(device: str | None = None) -> dict:
+    """This machine as the report records it: CPU, cores, torch and its CPU capability, refimpl's kernel path, the GPU."""
     import torch
 
     cpu = platform.processor() or platform.machine()
@@ -45,6 +46,7 @@ def host_info(device: str | None = None) -> dict:
 
 
 def host_label(info: dict) -> str:
+    """``host_info``'s record as one line for the report."""
     gpu = f", {info['gpu']}" if info.get("gpu") else ""
     return f"{info['cpu']}, {info['cores']} cores{gpu}, device {info.get('device')}, torch {info['torch']}"
 
@@ -158,6 +160,7 @@ def _duration(seconds: float) -> str:
 
 
 def protocol_sentence(p: dict) -> str:
+    """The protocol ``p`` as the report's sentence."""
     train = "all training images" if p.get("train_size") is None else f"{p['train_size']:,} training images"
     ms = ", ".join(str(m) for m in p.get("milestones") or []) or "none"
     val = "the data set's default" if p.get("val_size") is None else f"{p['val_size']:,} images"
@@ -169,6 +172,7 @@ def protocol_sentence(p: dict) -> str:
 
 
 def markdown(results: dict) -> str:
+    """results.md: the protocol, the table per measure and the paired differences."""
     p, wall = results["protocol"], results["wall_s"]
     family = results.get("family", 1)
     family_text = (f" With {family} comparisons the verdict is read from the family-wise 95% interval (Bonferroni: "
@@ -277,6 +281,7 @@ def check_report_files(root: str) -> None:
 
 
 def write_report(root: str, results: dict, plot: bool, log) -> None:
+    """results.json, results.md and (``plot``) accuracy.png in ``root``, each written atomically."""
     # allow_nan=False: results.json is strict JSON; the journal's reader let no NaN in.
     atomic_write(os.path.join(root, "results.json"), (json.dumps(results, indent=1, allow_nan=False) + "\n").encode())
     atomic_write(os.path.join(root, "results.md"), markdown(results).encode())

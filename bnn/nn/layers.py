@@ -13,9 +13,9 @@ from refimpl.conventions import DEFAULT, check_counts
 from refimpl.genome import Genome
 from refimpl.kernels.geometry import int_pair
 
+from ..settings import MEASURE_IMPLS
 from .counts import counts_conv2d, counts_dense, window_sizes
 from .measure import convert_counts, initial_alpha, measure
-from .settings import MEASURE_IMPLS
 
 
 def sign(x: torch.Tensor) -> torch.Tensor:
@@ -87,11 +87,15 @@ def check_measure_impl(impl) -> str:
     return impl
 
 
-class _BinaryMeasureLayer(nn.Module):
+class BinaryMeasureLayer(nn.Module):
+    """What BinaryConv2d and BinaryLinear share: the genome, the count convention, alpha, and the
+    measure of the counts (eager, or fused where it applies); the layer a probe or a training
+    option looks for."""
+
     # Training options, not part of the model (the forward's values are unchanged, or the same up to
     # float32 rounding): bnn.train --measure-grad-clip and --measure-impl.
     measure_grad_clip: float | None = None
-    measure_impl: str = "eager"  # "fused": bnn.measure_fused where it applies (float32 CPU, not compiling)
+    measure_impl: str = "eager"  # "fused": bnn.nn.measure_fused where it applies (float32 CPU, not compiling)
 
     def _init_measure(self, measure_spec, out_units: int, counts: str) -> None:
         self.genome = Genome.parse(measure_spec)
@@ -110,7 +114,7 @@ class _BinaryMeasureLayer(nn.Module):
     def _measure_counts(self, counts, n):
         # The measure of the counts as counted (n: the windows' sizes, None under raw counts).
         if self.measure_impl == "fused" and not torch.compiler.is_compiling():
-            from .measure_fused import measure_counts  # imports this module
+            from .measure_fused import measure_counts  # Numba and code generation, only when used
 
             out = measure_counts(self, counts, n)
             if out is not None:
@@ -123,23 +127,29 @@ def set_measure_grad_clip(model: nn.Module, limit: float | None) -> nn.Module:
     training, or (``None``) not; the forward is unchanged. Returns ``model``."""
     check_measure_grad_clip(limit)  # a bad limit is refused before any layer changes
     for layer in model.modules():
-        if isinstance(layer, _BinaryMeasureLayer):
+        if isinstance(layer, BinaryMeasureLayer):
             layer.measure_grad_clip = limit
     return model
 
 
 def set_measure_impl(model: nn.Module, impl: str) -> nn.Module:
     """How every binary layer evaluates its measure in training: ``"eager"`` (torch operators, one pass
-    each) or ``"fused"`` (bnn/measure_fused.py's Numba kernels where they apply: float32 CPU
+    each) or ``"fused"`` (bnn/nn/measure_fused.py's Numba kernels where they apply: float32 CPU
     counts outside torch.compile; eager elsewhere). Returns ``model``."""
     check_measure_impl(impl)
     for layer in model.modules():
-        if isinstance(layer, _BinaryMeasureLayer):
+        if isinstance(layer, BinaryMeasureLayer):
             layer.measure_impl = impl
     return model
 
 
-class BinaryConv2d(_BinaryMeasureLayer):
+def use_fused_measure(model: nn.Module) -> nn.Module:
+    """Route every binary layer of ``model`` through the fused kernels where they apply (in place;
+    returns ``model``): ``set_measure_impl(model, "fused")``."""
+    return set_measure_impl(model, "fused")
+
+
+class BinaryConv2d(BinaryMeasureLayer):
     """``measure(counts(sign(x), sign(w)))``; no bias, no BatchNorm (the model adds it)."""
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, measure="baseline",
@@ -169,7 +179,7 @@ class BinaryConv2d(_BinaryMeasureLayer):
         )
 
 
-class BinaryLinear(_BinaryMeasureLayer):
+class BinaryLinear(BinaryMeasureLayer):
     """``measure(counts(sign(x), sign(w)))`` of a dense layer; no bias."""
     def __init__(self, in_features, out_features, measure="baseline", counts=DEFAULT):
         super().__init__()
@@ -186,3 +196,6 @@ class BinaryLinear(_BinaryMeasureLayer):
     def extra_repr(self):
         """The layer's sizes, the measure's genome and the count convention, for ``print(model)``."""
         return f"{self.in_features}, {self.out_features}, measure='{self.genome}', counts='{self.counts}'"
+
+
+_BinaryMeasureLayer = BinaryMeasureLayer  # its name before it was public (issue 38)

@@ -11,12 +11,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .data import Dataset, load_dataset
-from .layers import set_measure_grad_clip, set_measure_impl
-from .models import build_model
-from .settings import ADAM_BETAS, MEASURE_IMPL_BEFORE
-from .train_config import TrainConfig, TrainResult, resolve_device, resolve_step
-from .train_files import (
+from ..data import Dataset, load_dataset
+from ..nn.layers import set_measure_grad_clip, set_measure_impl
+from ..nn.models import build_model
+from ..settings import ADAM_BETAS, MEASURE_IMPL_BEFORE
+from .config import TrainConfig, TrainResult, resolve_device, resolve_step
+from .files import (
     CHECKPOINT,
     METRICS,
     append_metrics,
@@ -107,7 +107,7 @@ def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: flo
             return finished_result(cfg, ckpt)  # reported, not retrained: no data needed
     data = _data_for(cfg, data, device)
     kind = resolve_step(cfg, device)
-    gen, model, optimizer, scheduler = _build(cfg, data, device, fused=kind != "eager" and device.type == "cuda")
+    gen, model, optimizer, scheduler = build_training(cfg, data, device, fused=kind != "eager" and device.type == "cuda")
     history, start_epoch = _restore(cfg, ckpt, model, optimizer, scheduler, gen, metrics_path)
     forward = compiled_forward(model, kind)
 
@@ -178,7 +178,9 @@ def _data_for(cfg: TrainConfig, data: Dataset | None, device: torch.device) -> D
     return data
 
 
-def _build(cfg: TrainConfig, data: Dataset, device: torch.device, fused: bool = False):
+def build_training(cfg: TrainConfig, data: Dataset, device: torch.device, fused: bool = False):
+    """(generator, model, optimizer, scheduler) of a run of ``cfg``, seeded as train_model seeds them
+    (bnn.diagnose trains its first steps from the same)."""
     # Seeds first: the model's initialization draws from them. fused: Adam's one-kernel CUDA step.
     gen = seed_everything(cfg.seed)
     model = build_model(cfg.model, cfg.measure, data.num_classes, data.input_shape,
@@ -209,11 +211,11 @@ def _restore(cfg, ckpt, model, optimizer, scheduler, gen, metrics_path) -> tuple
 
 
 def compiled_forward(model: torch.nn.Module, kind: str):
-    """What a training step calls for the step kind ``kind`` (bnn.train_config.STEPS)."""
+    """What a training step calls for the step kind ``kind`` (bnn.train.config.STEPS)."""
     if kind == "eager":
         return model
     if kind == "compiled":
-        from .measure_op import use_measure_op
+        from ..nn.measure_op import use_measure_op
 
         use_measure_op(model)  # the genome enters as a tensor: one compiled graph for every genome
         return torch.compile(model, backend=COMPILE_BACKEND)

@@ -3,7 +3,7 @@
 It trains the first ``--steps`` optimizer steps exactly as ``python -m bnn.train`` does with the
 same settings (the same TrainConfig, initialization, Adam, data order, augmentation and lr schedule;
 the eager step; no validation between epochs, which changes nothing in training), with every
-binary layer instrumented (``bnn/_diagnose_probe.py``), and reports per binary layer: degenerate
+binary layer instrumented (``bnn/diagnose/probe.py``), and reports per binary layer: degenerate
 windows (input bits all 0 or all 1; zero, subnormal or infinite divisors of the measure's
 division nodes), the range of the measure's values and their non-finite share, the per-channel
 variance entering BatchNorm, and the largest gradient norms reaching the layer's input bits,
@@ -28,14 +28,14 @@ from refimpl.conventions import NAMES as COUNT_CONVENTIONS
 from refimpl.conventions import check_counts
 from refimpl.genome import Genome
 
-from ._diagnose_probe import Recorder, attach
-from ._diagnose_report import evidence_for_gradient, evidence_for_value, layer_rows, number, render
-from .data import DATASETS, canonical_name, dataset_arg, load_dataset
-from .evidence import PROTOCOLS
-from .models import DOWNSAMPLE_KINDS, MODELS
-from .settings import DEFAULT_MODEL, DEFAULT_PRESET, PRESETS
-from .train_config import TrainConfig, check_settings, resolve_device
-from .train_loop import _build, setup_backend, steps_per_epoch
+from ..data import DATASETS, canonical_name, dataset_arg, load_dataset
+from ..evidence import PROTOCOLS
+from ..nn.models import DOWNSAMPLE_KINDS, MODELS
+from ..settings import DEFAULT_MODEL, DEFAULT_PRESET, PRESETS
+from ..train.config import TrainConfig, check_settings, resolve_device
+from ..train.loop import build_training, setup_backend, steps_per_epoch
+from .probe import Recorder, attach
+from .report import evidence_for_gradient, evidence_for_value, layer_rows, number, render
 
 # Defaults: the evidence grid's protocol (bnn.evidence.PROTOCOLS: for Fashion-MNIST 8,000 images, batch
 # 128, lr 5e-3, x0.2 after epoch 2) and its epochs as steps (3 x 63 = 189), where a cell diverges or not;
@@ -106,7 +106,7 @@ def _images_steps(cfg: TrainConfig) -> int:
     # Steps in one epoch of cfg's training subset (its size from the data set's files when not given).
     images = cfg.train_size
     if images is None:
-        from .data import check_split_sizes, read_arrays
+        from ..data import check_split_sizes, read_arrays
 
         n = len(read_arrays(cfg.dataset, cfg.data_dir, cfg.download)[1])
         images = n - check_split_sizes(cfg.dataset, n, cfg.val_size, None)
@@ -146,7 +146,7 @@ def diagnose(cfg: TrainConfig, steps: int, data=None, progress: bool = False) ->
     setup_backend(device)
     if data is None:
         data = load_dataset(cfg.dataset, cfg.data_dir, cfg.val_size, cfg.split_seed, device, cfg.download, cfg.train_size)
-    gen, model, optimizer, scheduler = _build(cfg, data, device)
+    gen, model, optimizer, scheduler = build_training(cfg, data, device)
     recorder = Recorder()
     probes = attach(model, recorder)
     order: list[str] = []

@@ -13,6 +13,7 @@ VERDICTS = ("beats baseline", "worse", "within noise", "one pair: no interval")
 
 
 def mean(xs) -> float | None:
+    """The arithmetic mean; None for no values."""
     xs = list(xs)
     return sum(xs) / len(xs) if xs else None
 
@@ -59,6 +60,7 @@ def betainc(a: float, b: float, x: float) -> float:
 
 
 def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with df degrees of freedom."""
     tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
     return 1.0 - tail if t >= 0 else tail
 

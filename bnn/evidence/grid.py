@@ -10,7 +10,7 @@ Run folder (``--root``, default ``runs/evidence-DATASET``):
 ``journal.jsonl``: line 1 is the protocol, then one line per finished cell (status ok / diverged /
 rejected / error, val and test accuracy, epochs, wall seconds), appended with one write, flushed
 and fsynced. A rerun of the same command skips the finished cells ("error" cells are retried),
-cuts off a torn last line, and refuses a different protocol. ``lock``: held (``bnn.runlock``) for the
+cuts off a torn last line, and refuses a different protocol. ``lock``: held (``bnn.common.runlock``) for the
 whole run, so two runs cannot interleave in one root. ``results.json``, ``results.md`` and
 ``accuracy.png``: the report, rewritten atomically after every cell.
 
@@ -33,11 +33,12 @@ from refimpl.conventions import check_counts
 from refimpl.fileio import read_regular
 from refimpl.genome import Genome
 
-from . import _evidence_report as report
-from ._evidence_journal import GridError, append_line, read_journal, start_journal
-from .paper_results import MEASURES
-from .runlock import RunDirInUse, hold_run_dir
-from .settings import FITNESS, MEASURE_IMPL_BEFORE, MEASURE_IMPLS
+from ..common.jsonl import append_line
+from ..common.runlock import RunDirInUse, hold_run_dir
+from ..paper_results import MEASURES
+from ..settings import FITNESS, MEASURE_IMPL_BEFORE, MEASURE_IMPLS
+from . import report
+from .journal import GridError, read_journal, start_journal
 
 # =============================================================================================
 # The protocol: the only place its defaults are set. Every option below can override them.
@@ -72,7 +73,7 @@ _NOT_PROTOCOL = ("measure", "seed", "downsample", "counts", "device", "data_dir"
 
 
 def _train_fields() -> set[str]:
-    from .train import TrainConfig
+    from ..train import TrainConfig
 
     return {f.name for f in dataclasses.fields(TrainConfig)}
 
@@ -103,7 +104,7 @@ def plan_cells(measures, seeds, real_measures, conventions=(RAW,)) -> list[dict]
 
 def base_config(dataset: str, model: str | None, protocol: dict, data_dir, device):
     """The TrainConfig every cell shares: the data set's preset (its recipe), the protocol on top."""
-    from .train import DEFAULT_MODEL, DEFAULT_PRESET, PRESETS, TrainConfig
+    from ..train import DEFAULT_MODEL, DEFAULT_PRESET, PRESETS, TrainConfig
 
     known = _train_fields()
     for key, value in protocol.items():
@@ -153,7 +154,7 @@ def journaled_measure_impl(root: str) -> str | None:
 
 
 def lock_root(root: str):
-    """The run folder's lock (``bnn.runlock``), to hold in a ``with`` block; a held root is a GridError."""
+    """The run folder's lock (``bnn.common.runlock``), to hold in a ``with`` block; a held root is a GridError."""
     try:
         return hold_run_dir(root)
     except RunDirInUse as exc:
@@ -168,7 +169,7 @@ def check_protocol(saved: dict, wanted: dict, root: str) -> None:
     A setting that a journal's protocol lacks was added to bnn.train after that journal was
     written: the journal's cells trained with what bnn.train did then, which is what they are
     compared at: its default then (``measure_impl``: eager, though fused is the default now)."""
-    from .train import TrainConfig
+    from ..train import TrainConfig
 
     defaults = {**protocol_of(TrainConfig()), "measure_impl": MEASURE_IMPL_BEFORE}
     for key in sorted(set(saved) | set(wanted)):
@@ -183,7 +184,7 @@ def check_protocol(saved: dict, wanted: dict, root: str) -> None:
 
 
 def _train_cell(cfg, data) -> dict:
-    from .train import train_model
+    from ..train import train_model
 
     try:
         r = train_model(cfg, data=data, progress=False)
@@ -203,7 +204,7 @@ def _worker_init(base, threads: int, parent_pid: int, alive) -> None:
 
     import torch
 
-    from .search.evaluators import die_with_parent
+    from ..common.liveness import die_with_parent
 
     die_with_parent(parent_pid, alive)  # a killed grid leaves no worker behind
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -269,7 +270,7 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
             check_protocol(saved, protocol, root)
         todo = [c for c in cells if done.get(c["key"], {}).get("status") not in FINAL]
         log(f"{root}: {len(cells) - len(todo)} of {len(cells)} cells already finished, {len(todo)} to train")
-        from .train import resolve_device
+        from ..train import resolve_device
 
         try:
             device = str(resolve_device(base.device, base.dataset))
@@ -312,8 +313,8 @@ def build_results(protocol: dict, done: dict[str, dict], device: str, this_run_s
 
 
 def _load(base):
-    from .data import load_dataset
-    from .train import resolve_device
+    from ..data import load_dataset
+    from ..train import resolve_device
 
     try:
         device = resolve_device(base.device, base.dataset)
@@ -326,7 +327,7 @@ def _load(base):
 
 def check_data(base) -> None:
     """The data set is readable and holds the protocol's validation and training sizes."""
-    from .train import check_settings
+    from ..train import check_settings
 
     try:
         check_settings(base)

@@ -2,7 +2,7 @@
 
 A probe replaces its layer's ``forward`` (on the instance, nothing else changes) by the same calls
 the layer makes, except that the measure graph is evaluated node by node (``measure_nodes``, the
-same ``bnn.measure.unary``/``binary`` calls in the same order as ``bnn.measure.measure``, so values
+same ``bnn.nn.measure.unary``/``binary`` calls in the same order as ``bnn.nn.measure.measure``, so values
 and gradients are bit-identical) and every node keeps its tensor. Forward, it accumulates the
 statistics of docs/design.md section 6 (diagnosis); backward, a hook on each node's tensor records
 the gradient's norm in the order autograd computes them, so the first non-finite gradient names
@@ -17,9 +17,9 @@ import torch
 
 from refimpl.operators import BINARY, UNARY
 
-from .counts import counts_conv2d, counts_dense, window_sizes
-from .layers import BinaryConv2d, ste_sign
-from .measure import binary, initial_alpha, unary
+from ..nn.counts import counts_conv2d, counts_dense, window_sizes
+from ..nn.layers import BinaryConv2d, ste_sign
+from ..nn.measure import binary, initial_alpha, unary
 
 NODES = ("U1", "U2", "U3", "U4", "B1", "B2", "B3")
 # The slot each count enters (docs/design.md section 2: unary slots read a, d, b, c).
@@ -38,7 +38,7 @@ TINY = torch.finfo(torch.float32).tiny  # below it a float32 divisor is subnorma
 
 
 def measure_nodes(genome, a, b, c, d, alpha) -> dict:
-    """``{node: tensor}`` of the measure graph on converted counts, as ``bnn.measure.measure`` computes it."""
+    """``{node: tensor}`` of the measure graph on converted counts, as ``bnn.nn.measure.measure`` computes it."""
     channels = a.shape[1]
     per_channel = (1, channels) + (1,) * (a.dim() - 2)
     if alpha is None and any(genome.uses_alpha()):
@@ -253,12 +253,12 @@ class LayerProbe:
 
 def attach(model, recorder: Recorder) -> list[LayerProbe]:
     """A probe on every binary layer of ``model``, in module order, each with the BatchNorm that follows it."""
-    from .layers import _BinaryMeasureLayer
+    from ..nn.layers import BinaryMeasureLayer
 
     modules = dict(model.named_modules())
     probes = []
     for name, module in model.named_modules():
-        if isinstance(module, _BinaryMeasureLayer):
+        if isinstance(module, BinaryMeasureLayer):
             parent, _, leaf = name.rpartition(".")
             bn_name = (parent + "." if parent else "") + ("down_bn" if leaf == "down_conv" else "bn")
             probes.append(LayerProbe(name, module, modules.get(bn_name), recorder))

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ._diagnose_probe import CONSUMER, NODES
+from .probe import CONSUMER, NODES
 
 COUNT_NAMES = "abcd"
 
@@ -73,7 +73,7 @@ def evidence_for_gradient(probe, event, recorder) -> dict:
 
 
 def _counts_backward(step, recorder) -> dict:
-    # The counts' backward (bnn/counts.py) forms dL/da = ga - gb - gc + gd, dL/dpx = sum_O (gc - gd) and
+    # The counts' backward (bnn/nn/counts.py) forms dL/da = ga - gb - gc + gd, dL/dpx = sum_O (gc - gd) and
     # dL/dpw = sum_N (gb - gd), then convolves them with the 0/1 weight and input bits: an infinite
     # dL/da meets a 0 bit there, and inf * 0 is NaN.
     g = {k: recorder.grads.get(id(t)) for k, t in zip(COUNT_NAMES, step["counts"])}

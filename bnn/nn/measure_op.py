@@ -9,7 +9,7 @@ genomes in one process the layer silently runs eagerly.
 operator that takes the genome as an int64 CPU tensor. The compiled graph holds the operator, not
 the formula, and TorchDynamo guards a tensor argument by its dtype, device and shape, never its
 values, so a model built for another genome runs the graph already compiled. Inside, the operator
-evaluates ``bnn.measure.measure`` eagerly, the same code and order as the uncompiled layer; its
+evaluates ``bnn.nn.measure.measure`` eagerly, the same code and order as the uncompiled layer; its
 backward (``bnn::measure_backward``) recomputes those few elementwise operations under autograd.
 What it costs: the measure is not fused with the counts' elementwise epilogue, and its backward
 returns four full-size gradients (a zero tensor where the measure ignores a count) instead of
@@ -29,7 +29,7 @@ from torch import Tensor
 
 from refimpl.genome import Genome
 
-from .layers import _BinaryMeasureLayer
+from .layers import BinaryMeasureLayer
 from .measure import measure
 
 CODES_ATTR = "_measure_codes"  # the layer attribute holding the genome's codes
@@ -56,7 +56,7 @@ def _fresh(out: Tensor, like: Tensor, inputs) -> Tensor:
 
 @torch.library.custom_op("bnn::measure", mutates_args=())
 def measure_op(codes: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor, alpha: Tensor) -> Tensor:
-    """``bnn.measure.measure`` of the genome whose seven codes ``codes`` (int64, CPU) holds."""
+    """``bnn.nn.measure.measure`` of the genome whose seven codes ``codes`` (int64, CPU) holds."""
     out = measure(_codes_genome(codes), a, b, c, d, alpha)
     return _fresh(out, a, (a, b, c, d, alpha))
 
@@ -115,7 +115,7 @@ measure_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _op_measure(self, a, b, c, d):
-    # Replaces _BinaryMeasureLayer._measure on one instance: the genome enters as a tensor.
+    # Replaces BinaryMeasureLayer._measure on one instance: the genome enters as a tensor.
     return measure_op(getattr(self, CODES_ATTR), a, b, c, d, self.alpha)
 
 
@@ -125,7 +125,7 @@ def use_measure_op(model: torch.nn.Module) -> torch.nn.Module:
     Same outputs and gradients as the layers' own measure (tests/test_measure_op.py); under
     ``torch.compile`` a model built for another genome reuses the compiled graphs."""
     for layer in model.modules():
-        if isinstance(layer, _BinaryMeasureLayer):
+        if isinstance(layer, BinaryMeasureLayer):
             setattr(layer, CODES_ATTR, torch.tensor(layer.genome.codes, dtype=torch.int64))
             layer._measure = types.MethodType(_op_measure, layer)
     return model

@@ -75,7 +75,8 @@ from refimpl.kernels.geometry import FLOAT32_EXACT_COUNT, int_pair, window_outpu
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """The float type the count convolution runs in: float32 for half types, else the input's own."""
     if t.dtype in _HALF:
         return torch.float32
     if not t.dtype.is_floating_point:
@@ -83,7 +84,8 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return t.dtype
 
 
-def _no_autocast(device: torch.device):
+def no_autocast(device: torch.device):
+    """A block in which autocast is off on ``device``."""
     # Under autocast, conv2d would run (and return) in fp16/bf16 and round the counts.
     return torch.autocast(device_type=device.type, enabled=False)
 
@@ -91,7 +93,8 @@ def _no_autocast(device: torch.device):
 _ONEDNN_AVAILABLE = torch.backends.mkldnn.is_available()
 
 
-def _conv_may_be_inexact(t: torch.Tensor) -> bool:
+def conv_may_be_inexact(t: torch.Tensor) -> bool:
+    """Whether a convolution of ``t`` may not be exact, so its counts must be rounded."""
     # See "Exactness" above: only float32 through oneDNN on a CPU is known exact. Under
     # torch.compile the backend flags cannot be read while tracing and the compiler picks the
     # convolution, so round (the compiler fuses the rounding into a neighbouring kernel).
@@ -102,7 +105,7 @@ def _conv_may_be_inexact(t: torch.Tensor) -> bool:
     )
 
 
-def _half_plus_half(t: torch.Tensor) -> torch.Tensor:
+def half_plus_half(t: torch.Tensor) -> torch.Tensor:
     """(1 + t) / 2 (the 0/1 relaxation of +-1 values; exact for -1, 0 and 1 in any float type). Scalars
     only: a 0-dim tensor made from a Python number is a host-to-device copy, which a CUDA graph's
     capture refuses (an H200 run of the graph-replay test found it)."""
@@ -112,10 +115,10 @@ def _half_plus_half(t: torch.Tensor) -> torch.Tensor:
 class _CountsConv2d(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, stride, padding, dilation):
-        dtype = _compute_dtype(x)
-        with _no_autocast(x.device):
-            xb = _half_plus_half(x.to(dtype))
-            wb = _half_plus_half(w.to(dtype))
+        dtype = compute_dtype(x)
+        with no_autocast(x.device):
+            xb = half_plus_half(x.to(dtype))
+            wb = half_plus_half(w.to(dtype))
             kh, kw = wb.shape[2:]
             conv = dict(stride=stride, padding=padding, dilation=dilation)
             a = F.conv2d(xb, wb, **conv)
@@ -126,7 +129,7 @@ class _CountsConv2d(torch.autograd.Function):
             px = F.conv2d(xsum, ones_k, **conv)
             pw = F.conv2d(mask, wsum, **conv)
             n = F.conv2d(mask, ones_k, **conv)
-            if _conv_may_be_inexact(a):
+            if conv_may_be_inexact(a):
                 for t in (a, px, pw, n):
                     t.round_()
             n_minus_pw = n.mul_(x.shape[1]) - pw  # (1, O, Ho, Wo): small
@@ -152,7 +155,7 @@ class _CountsConv2d(torch.autograd.Function):
         g_pw = _diff_of_sums(gb, gd, 0)
         conv_args = (list(stride), list(padding), list(dilation), False, [0, 0], 1)
         grad_x = grad_w = None
-        with _no_autocast(xb.device):
+        with no_autocast(xb.device):
             if g_a is not None:
                 # dL/da = scale * g_a; scale and dL/dx = dL/dxb / 2 both go into the small weight.
                 gx, gw, _ = torch.ops.aten.convolution_backward(
@@ -224,10 +227,10 @@ class _CountsDense(torch.autograd.Function):
     # The 1x1 case of the algebra above: px = row sums of xb, pw = row sums of wb, n = K.
     @staticmethod
     def forward(ctx, x, w):
-        dtype = _compute_dtype(x)
-        with _no_autocast(x.device):
-            xb = _half_plus_half(x.to(dtype))
-            wb = _half_plus_half(w.to(dtype))
+        dtype = compute_dtype(x)
+        with no_autocast(x.device):
+            xb = half_plus_half(x.to(dtype))
+            wb = half_plus_half(w.to(dtype))
             a = xb @ wb.t()  # GEMMs (MKL, oneDNN, cuBLAS with TF32) sum 0/1 products exactly
             if a.device.type != "cpu":
                 a.round_()
@@ -248,7 +251,7 @@ class _CountsDense(torch.autograd.Function):
         g_px = _diff_of_sums(gc, gd, 1)
         g_pw = _diff_of_sums(gb, gd, 0)
         grad_x = grad_w = None
-        with _no_autocast(xb.device):
+        with no_autocast(xb.device):
             if need_x:
                 grad_x = torch.zeros_like(xb) if g_a is None else g_a @ (wb * (0.5 * scale))
                 if g_px is not None:
@@ -282,7 +285,7 @@ def counts_conv2d(x: torch.Tensor, w: torch.Tensor, stride=1, padding=0, dilatio
     # The golden path's rule and words for shapes without a result (a kernel under 1x1, an
     # empty output map); torch would raise its own RuntimeErrors for some, accept others.
     out_h, out_w = window_output_size(x.shape[2], x.shape[3], tuple(w.shape[2:]), stride, padding, dilation)
-    _check_exact(_compute_dtype(x), x.shape[1] * w.shape[2] * w.shape[3], (w.shape[2], w.shape[3]))
+    _check_exact(compute_dtype(x), x.shape[1] * w.shape[2] * w.shape[3], (w.shape[2], w.shape[3]))
     if 0 in x.shape or 0 in w.shape:
         return _zero_counts(x, w, (x.shape[0], w.shape[0], out_h, out_w))
     return _CountsConv2d.apply(x, w, stride, padding, dilation)
@@ -294,12 +297,12 @@ def window_sizes(x: torch.Tensor, w: torch.Tensor, stride=1, padding=0, dilation
 
     What a count convention divides by (refimpl/conventions.py); computed from the geometry alone,
     so it costs one tiny convolution of a mask, not three passes over the counts."""
-    dtype = _compute_dtype(x)
-    with torch.no_grad(), _no_autocast(x.device):
+    dtype = compute_dtype(x)
+    with torch.no_grad(), no_autocast(x.device):
         mask = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=dtype, device=x.device)
         ones_k = torch.ones((1, 1) + tuple(w.shape[2:]), dtype=dtype, device=x.device)
         n = F.conv2d(mask, ones_k, stride=stride, padding=padding, dilation=dilation)
-        if _conv_may_be_inexact(n):
+        if conv_may_be_inexact(n):
             n.round_()
         return n.mul_(x.shape[1])
 
@@ -310,7 +313,7 @@ def counts_dense(x: torch.Tensor, w: torch.Tensor):
         raise ValueError(f"x must be (N, K) and w (M, K); got shapes {tuple(x.shape)} and {tuple(w.shape)}")
     if x.shape[1] != w.shape[1]:
         raise ValueError(f"x rows have {x.shape[1]} elements but w rows have {w.shape[1]}")
-    _check_exact(_compute_dtype(x), x.shape[1])
+    _check_exact(compute_dtype(x), x.shape[1])
     if 0 in x.shape or 0 in w.shape:
         return _zero_counts(x, w, (x.shape[0], w.shape[0]))
     return _CountsDense.apply(x, w)
@@ -332,5 +335,5 @@ def _zero_counts(x: torch.Tensor, w: torch.Tensor, shape) -> tuple:
     Still functions of x and w, through empty slices: their gradients are zeros of their shapes
     rather than None, as for any other input."""
     tie = x.reshape(-1)[:0].sum() + w.reshape(-1)[:0].sum()  # exactly 0, whatever x and w hold
-    zeros = torch.zeros(shape, dtype=_compute_dtype(x), device=x.device)
+    zeros = torch.zeros(shape, dtype=compute_dtype(x), device=x.device)
     return tuple(zeros + tie.to(zeros.dtype) for _ in range(4))

@@ -13,10 +13,10 @@ import torch
 from refimpl.cli import SEED_MAX
 from refimpl.genome import Genome
 
-from .data import canonical_name, check_split_sizes, read_arrays
-from .layers import check_measure_grad_clip, check_measure_impl
-from .models import MODELS, check_counts, check_downsample
-from .settings import PRESETS, STEPS, from_mapping
+from ..data import canonical_name, check_split_sizes, read_arrays
+from ..nn.layers import check_measure_grad_clip, check_measure_impl
+from ..nn.models import MODELS, check_counts, check_downsample
+from ..settings import PRESETS, STEPS, from_mapping
 
 _DIGITS = PRESETS["digits"]
 
@@ -50,7 +50,7 @@ class TrainConfig:
     # Training option (docs/design.md section 6): the gradients reaching the measure's inputs a, b, c, d
     # clipped to [-C, C], NaN to 0; None = off (and what a checkpoint without it trained with).
     measure_grad_clip: float | None = None
-    # How the measure runs in training (docs/design.md section 6): "fused" (bnn/measure_fused.py: one Numba
+    # How the measure runs in training (docs/design.md section 6): "fused" (bnn/nn/measure_fused.py: one Numba
     # pass forward and one backward, where it applies: float32 CPU counts, not compiled, not CUDA) or
     # "eager" (torch operators). A checkpoint, protocol or journal without the key trained eager
     # (bnn.settings.MEASURE_IMPL_BEFORE), not with this default.

@@ -21,7 +21,7 @@ from refimpl.fileio import (
     write_error,
 )
 
-from .train_config import TrainConfig, TrainResult
+from .config import TrainConfig, TrainResult
 
 STATUSES = ("ok", "rejected", "diverged")
 CHECKPOINT, METRICS, SUMMARY = "checkpoint.pt", "metrics.jsonl", "summary.json"

@@ -1,8 +1,8 @@
 """Train a BNN: ``python -m bnn.train`` and ``train_model(TrainConfig(...))`` for the search.
 
 The command line lives here; the rest, all importable from ``bnn.train`` too, lives in
-``bnn.settings`` (hyperparameters, presets), ``bnn.train_config`` (TrainConfig, TrainResult,
-devices), ``bnn.train_loop`` (train_model, evaluate) and ``bnn.train_files`` (the run folder).
+``bnn.settings`` (hyperparameters, presets), ``bnn.train.config`` (TrainConfig, TrainResult,
+devices), ``bnn.train.loop`` (train_model, evaluate) and ``bnn.train.files`` (the run folder).
 
 Accuracies are fractions in 0..1 everywhere (API, metrics.jsonl, JSON output).
 
@@ -15,7 +15,7 @@ Run folder: ``metrics.jsonl`` (one JSON object per epoch: epoch, train_loss, tra
 lr, images_per_s, wall_s, status), ``checkpoint.pt`` and, once finished, ``summary.json``.
 ``checkpoint.pt`` loads with ``torch.load(path, weights_only=True)`` and holds what export needs:
 ``model_config`` (arch, measure, num_classes, input_shape, downsample, counts:
-``bnn.models.build_model(**...)`` rebuilds the model; a checkpoint without downsample is binary,
+``bnn.nn.models.build_model(**...)`` rebuilds the model; a checkpoint without downsample is binary,
 one without counts is raw),
 ``model`` (the state_dict, CPU tensors), ``data`` (class_names, and mean/std in raw pixel units:
 the input is ``(pixel - mean[c]) / std[c]``), ``config`` (the TrainConfig), ``status``
@@ -33,42 +33,26 @@ from refimpl.cli import OneLineParser, nonnegative_int, one_line, positive_float
 from refimpl.conventions import NAMES as COUNT_CONVENTIONS
 from refimpl.genome import Genome
 
-from .data import DATASETS, canonical_name, dataset_arg
-from .models import DOWNSAMPLE_KINDS, MODELS
-from .runlock import hold_run_dir
-from .settings import (
-    ADAM_BETAS,
+from ..common.runlock import hold_run_dir
+from ..data import DATASETS, canonical_name, dataset_arg
+from ..nn.models import DOWNSAMPLE_KINDS, MODELS
+from ..settings import (
     DEFAULT_MODEL,
     DEFAULT_PRESET,
-    FITNESS,
     MEASURE_IMPL_BEFORE,
     MEASURE_IMPLS,
     PRESETS,
     STEPS,
 )
-from .train_config import DEVICES, TrainConfig, TrainResult, check_settings, resolve_device, resolve_step
-from .train_files import (
+from .config import TrainConfig, check_settings
+from .files import (
     CHECKPOINT,
-    METRICS,
-    RUN_FILES,
-    STATUSES,
     SUMMARY,
-    finished_result,
     json_safe,
     load_checkpoint,
     run_finished,
 )
-from .train_loop import CUDA_FINITE_CHECK_EVERY, EVAL_BATCH, evaluate, setup_backend, train_model
-
-# Re-exported: every name bnn.train had before it was split stays importable from it.
-_setup_backend = setup_backend
-__all__ = [
-    "ADAM_BETAS", "CHECKPOINT", "CUDA_FINITE_CHECK_EVERY", "DEFAULT_MODEL", "DEFAULT_PRESET", "DEVICES", "EVAL_BATCH",
-    "FITNESS", "METRICS", "PRESETS", "RUN_FILES", "STATUSES", "STEPS", "SUMMARY", "TrainConfig", "TrainResult",
-    "check_settings", "config_from_args", "evaluate", "finished_result", "load_checkpoint", "main", "resolve_device",
-    "resolve_step", "run_finished", "train_model",
-]
-
+from .loop import train_model
 
 # =============================================================================================
 # Command line
@@ -113,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
                         "0) in training; the forward is unchanged (docs/design.md section 6; default: off)")
     p.add_argument("--measure-impl", choices=MEASURE_IMPLS,
                    help="how the measure runs in training (docs/design.md section 6): fused (default: one Numba pass "
-                        "forward and one backward, bnn/measure_fused.py, on float32 CPU counts; eager elsewhere: "
+                        "forward and one backward, bnn/nn/measure_fused.py, on float32 CPU counts; eager elsewhere: "
                         "CUDA, --step compiled) or eager (torch operators, one pass each; what a run recorded before "
                         "this option trained with); the two agree to float32 rounding, not to the bit")
     p.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default: {_per_dataset(DEFAULT_PRESET)})")

@@ -1,0 +1,99 @@
+"""bnn's module paths from before its packages (issue 38): each still imports, as the very module at
+its new path, and warns naming that path; the commands run as ``python -m`` as before."""
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import bnn
+from bnn._moved import MOVED
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_an_old_path_is_the_new_module_and_warns_naming_it(old):
+    new = importlib.import_module(MOVED[old])
+    sys.modules.pop(old, None)  # as in a fresh process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    assert module is new and module.__name__ == MOVED[old] and module.__spec__.name == MOVED[old]
+    assert [str(w.message) for w in caught if w.category is DeprecationWarning] == [
+        f"{old} moved to {MOVED[old]} (issue 38); import {MOVED[old]}"]
+
+
+def test_the_warning_points_at_the_importing_line():
+    sys.modules.pop("bnn.layers", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from bnn.layers import BinaryConv2d  # noqa: F401
+    assert [w.filename for w in caught] == [__file__]
+
+
+def test_an_old_path_keeps_the_public_name_it_shadows():
+    sys.modules.pop("bnn.measure", None)  # so that the import system binds it on bnn again
+    with pytest.warns(DeprecationWarning, match="import bnn.nn.measure"):
+        import bnn.measure  # noqa: F401  (the old module path of bnn.nn.measure)
+
+    assert callable(bnn.measure) and bnn.measure is bnn.nn.measure.measure
+
+
+def test_an_old_module_name_is_an_attribute_of_bnn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert bnn.train_loop is importlib.import_module("bnn.train.loop")
+    with pytest.raises(AttributeError, match="no attribute 'no_such_module'"):
+        bnn.no_such_module  # noqa: B018
+
+
+def test_the_names_bnn_train_had_are_importable_from_the_package():
+    from bnn.train import TrainConfig, load_checkpoint, main, train_model
+    from bnn.train.cli import main as cli_main
+    from bnn.train.config import TrainConfig as config_TrainConfig
+    from bnn.train.files import load_checkpoint as files_load_checkpoint
+    from bnn.train.loop import train_model as loop_train_model
+
+    assert (TrainConfig, load_checkpoint, main, train_model) == (
+        config_TrainConfig, files_load_checkpoint, cli_main, loop_train_model)
+
+
+def test_the_package_commands_run_as_python_m():
+    # One process (torch is imported once): each package's __main__ as ``python -m`` runs it.
+    code = ("import runpy, sys\n"
+            "for name in ('bnn.train', 'bnn.evidence', 'bnn.diagnose'):\n"
+            "    sys.argv = [name, '--help']\n"
+            "    try:\n"
+            "        runpy.run_module(name, run_name='__main__', alter_sys=True)\n"
+            "    except SystemExit as e:\n"
+            "        print(name, 'exit', e.code)\n")
+    r = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", code], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    for name in ("bnn.train", "bnn.evidence", "bnn.diagnose"):
+        assert f"{name} exit 0" in r.stdout
+
+
+def test_no_code_of_the_project_imports_an_old_path():
+    root = Path(bnn.__file__).resolve().parent.parent
+    hits = []
+    for top in ("bnn", "refimpl", "bench", "tests", "verify"):
+        for path in sorted((root / top).rglob("*.py")):
+            if path.name == "test_old_paths.py":
+                continue
+            package = list(path.relative_to(root).parent.parts)
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    base = package[:len(package) - node.level + 1] if node.level else []
+                    module = ".".join(base + ([node.module] if node.module else []))
+                    names = [module] + [f"{module}.{a.name}" for a in node.names]
+                else:
+                    continue
+                hits += [f"{path.relative_to(root)}:{node.lineno} {n}" for n in names if n in MOVED]
+    assert hits == [], "old paths (bnn/_moved.py): " + ", ".join(hits)
