@@ -68,6 +68,7 @@ ROOT = PACKAGE.parent
 # all of bnn. bnn.gpu (Triton kernels of the differentiable path) sits above bnn.nn, below training.
 RANKS = [
     ("refimpl",),
+    ("bnn._requires",),  # imported first by bnn: torch or one line saying how to install it
     ("bnn.common", "bnn.settings", "bnn.paper_results", "bnn.data"),
     ("bnn.nn",),
     ("bnn.gpu",),

@@ -25,36 +25,17 @@ PAIRS = [
 ]
 
 
+# One drawn example serves every count convention: drawing it (hypothesis's choices for 48
+# partitions and 12 alphas) cost about 70% of an example, checking it under one convention the
+# rest. So each pair and dtype gets 8 examples under each of raw, freq and laplace: 24 checks,
+# where one test per convention gave 12 + 5 + 5 = 22 and drew 22 examples (twice the time).
+# The conventions change only the operands' range (counts in [0, 1]); the conversion itself is
+# checked exactly, on many more examples, in test_conventions.py.
 @pytest.mark.parametrize(("unary", "binary", "dtype"), PAIRS)
-@settings(max_examples=12)
+@settings(max_examples=8)
 @given(counts=count_arrays(shape=(2, 3, 8)), alpha=alphas(3))
-def test_torch_matches_refimpl_on_pair(unary, binary, dtype, counts, alpha):
+def test_torch_matches_refimpl_on_pair_under_every_convention(unary, binary, dtype, counts, alpha):
     codes = (unary,) * 4 + (binary,) * 3
-    failures = check_genome(codes, *counts, alpha, dtype)
+    failures = [f"counts={convention}: {line}" for convention in CONVENTIONS
+                for line in check_genome(codes, *counts, alpha, dtype, counts=convention)]
     assert not failures, "\n".join(failures)
-
-
-# The other conventions change only the operands' range (counts in [0, 1]), so fewer examples
-# a pair: the conversion itself is checked exactly, on many more, in test_conventions.py. One test
-# function per convention, each over the pairs alone: hypothesis 6.170 nests a settings object
-# once per parametrized call, and 1,008 calls of one function overflowed the recursion limit.
-def _pair_test_under(convention: str):
-    @pytest.mark.parametrize(("unary", "binary", "dtype"), PAIRS)
-    @settings(max_examples=5)
-    @given(counts=count_arrays(shape=(2, 3, 8)), alpha=alphas(3))
-    def test(unary, binary, dtype, counts, alpha):
-        codes = (unary,) * 4 + (binary,) * 3
-        failures = check_genome(codes, *counts, alpha, dtype, counts=convention)
-        assert not failures, "\n".join(failures)
-
-    test.__name__ = f"test_torch_matches_refimpl_on_pair_under_{convention}"
-    return test
-
-
-test_torch_matches_refimpl_on_pair_under_freq = _pair_test_under("freq")
-test_torch_matches_refimpl_on_pair_under_laplace = _pair_test_under("laplace")
-
-
-def test_every_convention_has_its_pair_test():
-    assert {c for c in CONVENTIONS if c != "raw"} == {
-        name.rsplit("_", 1)[1] for name in globals() if name.startswith("test_torch_matches_refimpl_on_pair_under_")}

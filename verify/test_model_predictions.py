@@ -44,27 +44,44 @@ def _normalized(idx) -> torch.Tensor:
     return (_IMAGES[idx] - _MEAN) / _STD
 
 
+def _build(case, folder):
+    """(torch model, engine model) of ``case``, exported to ``folder``."""
+    net, kind, name, counts = case
+    torch.manual_seed(0)
+    if net == "downsampling_net":
+        model = downsampling_net(name, 10, (1, 8, 8), downsample=kind, counts=counts)
+    else:
+        model = build_model(net, name, 10, (1, 8, 8), downsample=kind, counts=counts)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, BinaryConv2d):
+                # Away from the initial values, so a mis-indexed alpha cannot pass.
+                m.alpha.copy_(0.5 + 2 * torch.rand(m.alpha.shape, generator=gen))
+    calibrate_batchnorm(model, _normalized(slice(0, 512)))
+    path = folder / f"{net}-{kind}-{name}-{counts}.bnn"
+    export_model(model, str(path))
+    return model, engine.load(str(path))
+
+
+class _Exported(dict):
+    """case -> (torch model, engine model), each built on its first use (every case seeds its own
+    model, so the order does not matter). Built all at once, every xdist worker built and compiled
+    all 16 models, about a minute of CPU each in a cold run, though it runs only some of them."""
+
+    def __init__(self, folder):
+        super().__init__()
+        self.folder = folder
+
+    def __missing__(self, case):
+        self[case] = built = _build(case, self.folder)
+        return built
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """(net, kind, measure, counts) -> (torch model, engine model), built once per session."""
-    out = {}
-    for net, kind, name, counts in CASES:
-        torch.manual_seed(0)
-        if net == "downsampling_net":
-            model = downsampling_net(name, 10, (1, 8, 8), downsample=kind, counts=counts)
-        else:
-            model = build_model(net, name, 10, (1, 8, 8), downsample=kind, counts=counts)
-        gen = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            for m in model.modules():
-                if isinstance(m, BinaryConv2d):
-                    # Away from the initial values, so a mis-indexed alpha cannot pass.
-                    m.alpha.copy_(0.5 + 2 * torch.rand(m.alpha.shape, generator=gen))
-        calibrate_batchnorm(model, _normalized(slice(0, 512)))
-        path = tmp_path_factory.mktemp("models") / f"{net}-{kind}-{name}-{counts}.bnn"
-        export_model(model, str(path))
-        out[net, kind, name, counts] = (model, engine.load(str(path)))
-    return out
+    """(net, kind, measure, counts) -> (torch model, engine model), each built once per session, on first use."""
+    return _Exported(tmp_path_factory.mktemp("models"))
 
 
 @pytest.mark.parametrize("case", CASES, ids="-".join)

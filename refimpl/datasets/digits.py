@@ -13,7 +13,13 @@ DIGITS_TEST_SIZE = 360  # 20% of 1797, the last images in load_digits() order
 
 def read_digits():
     """(train_x, train_y, test_x, test_y, class_names); uint8 (N, 1, 8, 8) with values 0..16."""
-    from sklearn.datasets import load_digits
+    try:
+        from sklearn.datasets import load_digits
+    except ModuleNotFoundError as missing:  # the inference install (pip install .) leaves it out
+        if missing.name != "sklearn":
+            raise
+        raise ValueError('the digits data set ships with scikit-learn, which this environment lacks: '
+                         'pip install scikit-learn (or the project\'s [train] extra)') from None
 
     d = load_digits()
     x = d.images.astype(np.uint8).reshape(-1, 1, 8, 8)
