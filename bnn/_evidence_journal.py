@@ -9,12 +9,16 @@ through a symbolic link.
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 
+from refimpl.conventions import DEFAULT as RAW
 from refimpl.conventions import NAMES as COUNT_CONVENTIONS
-from refimpl.fileio import atomic_write_bytes, open_regular, read_regular
+from refimpl.engine.format import DOWNSAMPLE_KINDS as DOWNSAMPLES
+from refimpl.fileio import atomic_write_bytes, open_regular, read_regular, write_error
+from refimpl.genome import Genome
 
 STATUSES = ("ok", "diverged", "rejected", "error")
 # What the report formats from a protocol line, and the type each must have (None: the default).
@@ -51,6 +55,9 @@ def _cell_problem(row) -> str | None:
         return "has no integer seed"
     if row.get("counts", "raw") not in COUNT_CONVENTIONS:  # cells before conventions existed are raw
         return f"has counts {str(row.get('counts'))[:40]!r}, not one of {', '.join(COUNT_CONVENTIONS)}"
+    problem = _identity_problem(row)
+    if problem:
+        return problem
     for field in ("test_acc", "val_acc"):
         v = row.get(field)
         if not (v is None and row["status"] != "ok") and not _accuracy(v):
@@ -58,6 +65,25 @@ def _cell_problem(row) -> str | None:
     if not _number(row.get("wall_s", 0.0)) or not all(isinstance(row.get(f, ""), (str, type(None)))
                                                       for f in ("host", "cpu_kind")):
         return "has a wall_s, host or cpu_kind of the wrong type"
+    return None
+
+
+def _identity_problem(row: dict) -> str | None:
+    """What makes a cell's fields contradict each other, or None: its key is built from its
+    measure, downsample, counts and seed (``bnn.evidence.plan_cells``), and its measure is its
+    genome's label. A line keyed ``M1/binary/laplace/s0`` with counts raw is not a raw cell."""
+    try:
+        g = Genome.parse(row["genome"])
+    except ValueError:
+        return f"has genome {row['genome'][:40]!r}, not a genome"
+    if row["measure"] != (g.name or str(g)):
+        return f"has measure {row['measure'][:40]!r}, which contradicts its genome {g} ({g.name or str(g)})"
+    if row["downsample"] not in DOWNSAMPLES:
+        return f"has downsample {row['downsample'][:40]!r}, not one of {', '.join(DOWNSAMPLES)}"
+    counts = row.get("counts", RAW)
+    key = f"{row['measure']}/{row['downsample']}/{'' if counts == RAW else counts + '/'}s{row['seed']}"
+    if row["key"] != key:
+        return f"has key {row['key'][:60]!r}, which contradicts its measure, downsample, counts and seed ({key})"
     return None
 
 
@@ -141,11 +167,26 @@ def _line(row: dict) -> bytes:
 
 
 def append_line(path: str, row: dict) -> None:
-    """Append ``row`` as one JSON line in one write, fsynced: a kill leaves whole lines or a torn tail."""
-    data = _line(row)
+    """Append ``row`` as one JSON line, every byte of it, fsynced; or raise ``OutputError`` with
+    the file cut back to its length before (a full disk: ``os.write`` may write only part of the
+    line, and returns how much). A kill in the middle still leaves whole lines or a torn tail,
+    which the readers drop, name and cut off."""
+    data = memoryview(_line(row))
     fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, data)  # one write per line: a kill leaves a whole line or a torn tail
-        os.fsync(fd)
+        start = os.fstat(fd).st_size
+        try:
+            while data:
+                n = os.write(fd, data)  # one write per line, unless the OS takes only part of it
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, "no byte of the line was written")
+                data = data[n:]
+            os.fsync(fd)
+        except OSError as exc:
+            try:
+                os.ftruncate(fd, start)  # no torn tail behind a failed append, where it can be undone
+            except OSError:
+                pass  # the readers drop and cut a torn tail
+            raise write_error(path, exc) from None
     finally:
         os.close(fd)
