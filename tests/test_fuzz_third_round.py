@@ -20,7 +20,8 @@ import pytest
 import torch
 from _cli import run_main
 from _tiny_bnn import model_bytes, tiny_model
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import event as _event
 from hypothesis import strategies as st
 
 from bnn import evidence
@@ -40,6 +41,15 @@ _SCALARS = (st.none() | st.booleans() | st.integers(-2, 2 ** 70) | st.floats() |
 _JSON = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
                      | st.dictionaries(st.text(string.ascii_lowercase + "_", max_size=10), inner, max_size=3),
                      max_leaves=6)
+
+
+def event(outcome: str) -> None:
+    """hypothesis' ``event``; with BNN_FUZZ_LOG set, also one line appended there per example (a long
+    campaign's progress, which hypothesis reports only at its end)."""
+    _event(outcome)
+    if os.environ.get("BNN_FUZZ_LOG"):
+        with open(os.environ["BNN_FUZZ_LOG"], "a") as f:
+            f.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?').split('::')[-1].split(' ')[0]}\t{outcome}\n")
 
 
 def _mutated(base: dict):
