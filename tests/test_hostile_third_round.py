@@ -115,14 +115,26 @@ def test_an_append_that_a_full_disk_stops_fails_and_leaves_no_torn_tail(tmp_path
 
 # -- item 3: records that contradict each other or hold the wrong type ----------------------------------
 
-def _checkpoint(path, config_counts="raw", model_counts="freq"):
+def _checkpoint(path, config_counts="raw", model_counts="freq", data=None):
     from bnn.models import build_model
 
     model = build_model("digits_net", "baseline", 10, (1, 8, 8), counts=model_counts)
     torch.save({"format": "bnn-train-checkpoint", "version": 1,
                 "config": {"model": "digits_net", "dataset": "digits", "measure": "baseline", "counts": config_counts},
-                "model_config": dict(model.config), "data": {}, "model": model.state_dict(), "history": [],
-                "epoch": 1, "status": "ok"}, path)
+                "model_config": dict(model.config), "data": {} if data is None else data, "model": model.state_dict(),
+                "history": [], "epoch": 1, "status": "ok"}, path)
+
+
+@pytest.mark.parametrize("data, field", [("raw", "is str"), ({"class_names": 5}, "class_names"), ({"mean": 5}, "mean"),
+                                         ({"pixel_max": "16"}, "pixel_max"), ({"name": ["digits"]}, "name")])
+def test_a_checkpoint_whose_data_record_has_the_wrong_type_exports_nothing_in_one_line(tmp_path, data, field):
+    # Found by tests/test_fuzz_third_round.py: data "raw" was an AttributeError traceback.
+    from bnn.export import main as export_main
+
+    _checkpoint(tmp_path / "c.pt", "freq", "freq", data=data)
+    r = run_main(export_main, tmp_path / "c.pt", "-o", tmp_path / "m.bnn")
+    assert r.returncode == 2 and f"data record {field}" if field == "is str" else f"data record has {field}" in _one_error_line(r.stderr), r.stderr
+    assert not (tmp_path / "m.bnn").exists()
 
 
 def test_a_checkpoint_whose_config_and_model_config_disagree_on_counts_is_refused(tmp_path):
