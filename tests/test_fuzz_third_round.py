@@ -30,7 +30,7 @@ from refimpl import engine
 from refimpl.engine import budget
 from refimpl.genome import Genome
 
-FUZZ_EXAMPLES = int(os.environ.get("BNN_FUZZ_EXAMPLES", "60"))
+FUZZ_EXAMPLES = int(os.environ.get("BNN_FUZZ_EXAMPLES", "100"))  # CI: 100 each, about 2 min on 2 busy cores
 _FUZZ = settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=bool(os.environ.get("CI")),
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                         HealthCheck.data_too_large])
