@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from bnn.gpu.measure_op import set_genome, use_triton_measure
-from bnn.layers import BinaryConv2d
+from bnn.nn.layers import BinaryConv2d
 
 
 def _time(fn, iters: int) -> float:

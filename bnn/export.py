@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 
@@ -234,6 +235,29 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _data_problem(data) -> str | None:
+    """What makes a checkpoint's ``data`` record (the data set's name, normalization and class
+    names, ``Dataset.describe``) unfit for the file's metadata, or None."""
+    if not isinstance(data, dict):
+        return f"is {type(data).__name__}, not an object"
+    for key in ("mean", "std"):
+        v = data.get(key)
+        if v is not None and not (isinstance(v, list) and all(_number(x) for x in v)):
+            return f"has {key} {str(v)[:40]!r}, not a list of finite numbers"
+    if data.get("pixel_max") is not None and not (_number(data["pixel_max"]) and data["pixel_max"] > 0):
+        return f"has pixel_max {str(data['pixel_max'])[:40]!r}, not a number > 0"
+    names = data.get("class_names")
+    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        return f"has class_names {str(names)[:40]!r}, not a list of texts"
+    if data.get("name") is not None and not isinstance(data["name"], str):
+        return f"has name {str(data['name'])[:40]!r}, not a text"
+    return None
+
+
 def export_checkpoint(checkpoint: str, out: str) -> dict:
     """Export a ``bnn.train`` checkpoint to the ``.bnn`` file ``out``; its metadata.
 
@@ -248,12 +272,15 @@ def export_checkpoint(checkpoint: str, out: str) -> dict:
         raise ValueError(f"{checkpoint}: the run diverged (status 'diverged'); nothing to export: "
                          "train again (a lower --lr) and export that run")
     mc, data = ckpt.get("model_config") or {}, ckpt.get("data") or {}
+    problem = _data_problem(data)
+    if problem:
+        raise ValueError(f"{checkpoint}: its data record {problem}; not what bnn.train writes: train again")
     try:
         # A checkpoint written before the options has no downsample (binary) and no counts (raw).
         model = build_model(mc["arch"], mc["measure"], mc["num_classes"], tuple(mc["input_shape"]),
                             downsample=mc.get("downsample", "binary"), counts=mc.get("counts", DEFAULT_COUNTS))
         model.load_state_dict(ckpt["model"])
-    except (KeyError, RuntimeError, TypeError) as exc:
+    except (KeyError, RuntimeError, TypeError, AttributeError) as exc:
         raise ValueError(f"{checkpoint}: model config or weights do not fit ({type(exc).__name__}: {exc})".splitlines()[0]) from None
     model.eval()
     return export_model(

@@ -142,7 +142,17 @@ def open_regular(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int:
 
 
 def read_regular(path: str | os.PathLike) -> bytes:
-    """The bytes of the regular file ``path``, not through a symbolic link (``open_regular``)."""
+    """The bytes of the regular file ``path``, not through a symbolic link (``open_regular``);
+    anything else is an ``OutputError`` that says it could not be read (not "refusing to write")."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise OutputError(f"cannot read {os.fspath(path)}: {' '.join((exc.strerror or str(exc)).split())}") from None
+    if not stat.S_ISREG(mode):
+        raise OutputError(f"cannot read {os.fspath(path)}: it is {_kind(mode)}, not a file; "
+                          "move it away or give the path of a regular file")
     with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:
         return f.read()
 

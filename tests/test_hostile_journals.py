@@ -14,6 +14,7 @@ from bnn import evidence
 from bnn.search import cli as search_cli
 from bnn.search import journal as jr
 from bnn.search.loop import Search, SearchConfig
+from refimpl.genome import Genome
 
 FUZZ_EXAMPLES = int(os.environ.get("BNN_FUZZ_EXAMPLES", "60"))
 SYN = ["--fitness", "synthetic:2", "--population", "4", "--epochs", "3", "--thresholds", "0.2",
@@ -60,7 +61,7 @@ def test_a_cell_with_a_wrong_value_is_one_error_line_and_no_report(tmp_path, cha
 
 
 def test_a_good_journal_is_tabulated_as_strict_json(tmp_path, capsys):
-    _evidence_journal(tmp_path / "ev", CELL, {**CELL, "key": "M1/binary/s0", "measure": "M1", "status": "diverged",
+    _evidence_journal(tmp_path / "ev", CELL, {**CELL, "key": "M1/binary/s0", "measure": "M1", "genome": "3-0-3-0-0-1-6", "status": "diverged",
                                              "test_acc": None, "val_acc": None})
     assert evidence.main(["--dataset", "digits", "--root", str(tmp_path / "ev"), "--table-only", "--no-plot"]) == 0
     text = (tmp_path / "ev" / "results.json").read_text()
@@ -127,7 +128,7 @@ def _mutated(base: dict):
 
 # Cells a grid could have written, so that most journals get past the reader to the report.
 _CELLS = st.builds(lambda m, s, status, t, v: {**CELL, "key": f"{m}/binary/s{s}", "measure": m, "seed": s,
-                                               "status": status, "test_acc": t, "val_acc": v},
+                                               "genome": str(Genome.parse(m)), "status": status, "test_acc": t, "val_acc": v},
                    st.sampled_from(["baseline", "M1", "M6"]), st.integers(0, 2), st.sampled_from(["ok", "ok", "diverged"]),
                    st.floats(0, 1), st.floats(0, 1))
 

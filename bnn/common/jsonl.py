@@ -4,11 +4,12 @@ through ``refimpl.fileio.open_regular``, never through a symbolic link.
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 
-from refimpl.fileio import open_regular
+from refimpl.fileio import open_regular, write_error
 
 
 def _finite(v):
@@ -25,11 +26,26 @@ def json_line(row: dict) -> bytes:
 
 
 def append_line(path: str, row: dict) -> None:
-    """Append ``row`` as one JSON line in one write, fsynced: a kill leaves whole lines or a torn tail."""
-    data = json_line(row)
+    """Append ``row`` as one JSON line, every byte of it, fsynced; or raise ``OutputError`` with
+    the file cut back to its length before (a full disk: ``os.write`` may write only part of the
+    line, and returns how much). A kill in the middle still leaves whole lines or a torn tail,
+    which the readers drop, name and cut off."""
+    data = memoryview(json_line(row))
     fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, data)  # one write per line: a kill leaves a whole line or a torn tail
-        os.fsync(fd)
+        start = os.fstat(fd).st_size
+        try:
+            while data:
+                n = os.write(fd, data)  # one write per line, unless the OS takes only part of it
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, "no byte of the line was written")
+                data = data[n:]
+            os.fsync(fd)
+        except OSError as exc:
+            try:
+                os.ftruncate(fd, start)  # no torn tail behind a failed append, where it can be undone
+            except OSError:
+                pass  # the readers drop and cut a torn tail
+            raise write_error(path, exc) from None
     finally:
         os.close(fd)

@@ -13,8 +13,11 @@ import json
 import math
 import os
 
+from refimpl.conventions import DEFAULT as RAW
 from refimpl.conventions import NAMES as COUNT_CONVENTIONS
+from refimpl.engine.format import DOWNSAMPLE_KINDS as DOWNSAMPLES
 from refimpl.fileio import atomic_write_bytes, open_regular, read_regular
+from refimpl.genome import Genome
 
 from ..common.jsonl import json_line
 
@@ -53,6 +56,9 @@ def _cell_problem(row) -> str | None:
         return "has no integer seed"
     if row.get("counts", "raw") not in COUNT_CONVENTIONS:  # cells before conventions existed are raw
         return f"has counts {str(row.get('counts'))[:40]!r}, not one of {', '.join(COUNT_CONVENTIONS)}"
+    problem = _identity_problem(row)
+    if problem:
+        return problem
     for field in ("test_acc", "val_acc"):
         v = row.get(field)
         if not (v is None and row["status"] != "ok") and not _accuracy(v):
@@ -60,6 +66,25 @@ def _cell_problem(row) -> str | None:
     if not _number(row.get("wall_s", 0.0)) or not all(isinstance(row.get(f, ""), (str, type(None)))
                                                       for f in ("host", "cpu_kind")):
         return "has a wall_s, host or cpu_kind of the wrong type"
+    return None
+
+
+def _identity_problem(row: dict) -> str | None:
+    """What makes a cell's fields contradict each other, or None: its key is built from its
+    measure, downsample, counts and seed (``bnn.evidence.plan_cells``), and its measure is its
+    genome's label. A line keyed ``M1/binary/laplace/s0`` with counts raw is not a raw cell."""
+    try:
+        g = Genome.parse(row["genome"])
+    except ValueError:
+        return f"has genome {row['genome'][:40]!r}, not a genome"
+    if row["measure"] != (g.name or str(g)):
+        return f"has measure {row['measure'][:40]!r}, which contradicts its genome {g} ({g.name or str(g)})"
+    if row["downsample"] not in DOWNSAMPLES:
+        return f"has downsample {row['downsample'][:40]!r}, not one of {', '.join(DOWNSAMPLES)}"
+    counts = row.get("counts", RAW)
+    key = f"{row['measure']}/{row['downsample']}/{'' if counts == RAW else counts + '/'}s{row['seed']}"
+    if row["key"] != key:
+        return f"has key {row['key'][:60]!r}, which contradicts its measure, downsample, counts and seed ({key})"
     return None
 
 

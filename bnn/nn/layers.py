@@ -72,11 +72,17 @@ def clip_measure_grad(counts, limit: float | None):
     return _ClipMeasureGrad.apply(float(limit), *counts)
 
 
+# The clip is applied to float32 gradients (torch.clamp takes it as a float32 scalar there): a
+# finite double above float32's largest, 1e39, is inf in float32 and crashed the first backward.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def check_measure_grad_clip(limit):
-    """``limit`` if it is None (off) or a finite number > 0, else a one-line ValueError."""
+    """``limit`` if it is None (off) or a number in (0, float32's largest], else a one-line ValueError."""
     if limit is not None and not (isinstance(limit, (int, float)) and not isinstance(limit, bool)
-                                  and math.isfinite(limit) and limit > 0):
-        raise ValueError(f"measure_grad_clip must be a finite number > 0 or None (off), got {limit!r}")
+                                  and math.isfinite(limit) and 0 < limit <= FLOAT32_MAX):
+        raise ValueError(f"measure_grad_clip must be a number > 0 and at most {FLOAT32_MAX:.7g} (float32's largest), "
+                         f"or None (off), got {limit!r}")
     return limit
 
 

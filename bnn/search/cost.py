@@ -20,11 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
 
-from refimpl.fileio import OutputError, read_regular
+from refimpl.cli import one_line
+from refimpl.conventions import NAMES as COUNT_CONVENTIONS
+from refimpl.fileio import OutputError, open_regular, read_regular
+from refimpl.genome import Genome
 
 from ..common.jsonl import append_line
 from ..common.runlock import RunDirInUse, hold_run_dir
@@ -38,6 +42,54 @@ _TRAINED = "train"
 
 class CostError(ValueError):
     """A refused input: one ``error:`` line, exit status 2."""
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _accuracy(v) -> bool:
+    return _number(v) and 0 <= v <= 1
+
+
+def _genome(v) -> str | None:
+    """The canonical text of a genome field, or None if it is not one."""
+    if not isinstance(v, str):
+        return None
+    try:
+        return str(Genome.parse(v))
+    except ValueError:
+        return None
+
+
+def _show(v) -> str:
+    return repr(v)[:40]
+
+
+def check_events(path, events: list[dict]) -> str:
+    """The journal's count convention, once every field this command reads has its type: a
+    ``time`` (seconds), a result's ``genome``, and a trained result's ``fitness`` (an accuracy in
+    0..1) and ``wall_s``; else a ``CostError`` naming the line and the field."""
+    counts = events[0]["config"].get("counts", "raw")  # a journal from before conventions trained raw
+    if counts not in COUNT_CONVENTIONS:
+        raise CostError(f"{path}: line 1 has config.counts {_show(counts)}, not one of {', '.join(COUNT_CONVENTIONS)}; "
+                        "not a journal this version wrote")
+    for i, e in enumerate(events, 1):
+        bad = None
+        if e.get("time") is not None and not _number(e.get("time")):
+            bad = f"time {_show(e.get('time'))}, not a number of seconds"
+        elif e.get("type") == "result":
+            if _genome(e.get("genome")) is None:
+                bad = f"a result whose genome is {_show(e.get('genome'))}, not a genome"
+            elif e.get("source") == _TRAINED and e.get("fitness") is not None and not _accuracy(e.get("fitness")):
+                bad = f"a trained result whose fitness is {_show(e.get('fitness'))}, not an accuracy in 0..1"
+            elif e.get("source") == "ladder" and not (_number(e.get("fitness")) and e["fitness"] >= 0):
+                bad = f"a ladder's result whose fitness is {_show(e.get('fitness'))}, not a rung plus a score"
+            elif e.get("wall_s") is not None and not (_number(e.get("wall_s")) and e["wall_s"] >= 0):
+                bad = f"a result whose wall_s is {_show(e.get('wall_s'))}, not a number of seconds"
+        if bad:
+            raise CostError(f"{path}: line {i} has {bad}; not a journal the search wrote")
+    return counts
 
 
 def _segments_wall(events: list[dict]) -> float:
@@ -110,49 +162,107 @@ def _key(genome: str, counts: str) -> str:
 
 
 def journal_fitness(events: list[dict], counts: str) -> dict[str, float]:
-    """Fitness per genome/convention of every training the search ran itself."""
+    """Fitness per genome/convention of every training the search ran itself (``check_events``
+    has checked the fields)."""
     out = {}
     for r in events:
-        if r.get("type") == "result" and r.get("source") in (_TRAINED, "ladder") and isinstance(r.get("fitness"), (int, float)):
-            out[_key(r["genome"], counts)] = float(r["fitness"])
+        if r.get("type") == "result" and r.get("source") in (_TRAINED, "ladder") and r.get("fitness") is not None:
+            out[_key(_genome(r["genome"]), counts)] = float(r["fitness"])
     return out
 
 
-def read_extra(run_dir: Path) -> dict[str, dict]:
-    """The extra fitness trainings journaled by ``--score``; a torn last line is ignored."""
+def _extra_problem(rec) -> str | None:
+    """What makes a line of fitness-extra.jsonl not a record ``score_missing`` wrote, or None."""
+    if not isinstance(rec, dict):
+        return f"is {type(rec).__name__}, not a fitness record"
+    genome, counts = _genome(rec.get("genome")), rec.get("counts")
+    if genome is None:
+        return f"has genome {_show(rec.get('genome'))}, not a genome"
+    if counts not in COUNT_CONVENTIONS:
+        return f"has counts {_show(counts)}, not one of {', '.join(COUNT_CONVENTIONS)}"
+    if rec.get("key") != _key(genome, counts):
+        return f"has key {_show(rec.get('key'))}, which contradicts its genome and counts ({_key(genome, counts)})"
+    if rec.get("fitness") is not None and not _accuracy(rec.get("fitness")):
+        return f"has fitness {_show(rec.get('fitness'))}, not an accuracy in 0..1"
+    return None
+
+
+def read_extra(run_dir: Path, log=None, cut: bool = False) -> dict[str, dict]:
+    """The extra fitness trainings journaled by ``--score``, each record checked. A torn last
+    line (a kill or a full disk in the middle of an append) is dropped and named, and with
+    ``cut`` (the caller holds the run folder's lock, so no append is under way) cut off, so the
+    next record starts on a line of its own; its training is then simply done again."""
     path = run_dir / EXTRA
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return {}
     out = {}
-    lines = read_regular(path).split(b"\n")
+    raw = read_regular(path)
+    lines, good_end = raw.split(b"\n"), 0
     for i, line in enumerate(lines):
-        if not line.strip():
-            continue
+        last = i == len(lines) - 1
+        if last and not line:
+            break
         try:
             rec = json.loads(line)
-        except ValueError:
-            if i == len(lines) - 1:
-                break  # a torn last write
-            raise CostError(f"{path}: line {i + 1} is not JSON; move the file away to score again") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("key"), str):
-            raise CostError(f"{path}: line {i + 1} is not a fitness record; move the file away to score again")
+            if last:  # whole JSON but no newline: the write stopped before its end
+                raise ValueError
+        except (ValueError, RecursionError):
+            if not (last or (i == len(lines) - 2 and not lines[-1])):
+                raise CostError(f"{path}: line {i + 1} is not JSON; move the file away to score again") from None
+            if log:
+                log(f"{path}: ignored a torn last line{' (cut off; its training runs again)' if cut else ''}")
+            if cut:
+                fd = open_regular(path, os.O_WRONLY)
+                try:
+                    os.ftruncate(fd, good_end)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            break
+        problem = _extra_problem(rec)
+        if problem:
+            raise CostError(f"{path}: line {i + 1} {problem}; move the file away to score again")
         out[rec["key"]] = rec
+        good_end += len(line) + 1
     return out
+
+
+def _extra_fitness(records: dict[str, dict]) -> dict[str, float]:
+    return {k: float(r["fitness"]) for k, r in records.items() if r.get("fitness") is not None}
 
 
 def grid_rows(root: str) -> list[dict]:
-    """The rows of an evidence grid's results.json that trained at least once."""
+    """The rows of an evidence grid's results.json that trained at least once, each checked
+    (genome, counts, n_ok, test_mean), genomes canonical."""
     path = Path(root) / "results.json"
     try:
         data = json.loads(read_regular(path))
     except FileNotFoundError:
         raise CostError(f"{path}: no such file; run `python -m bnn.evidence --root {root}` (or --table-only) first") from None
-    except ValueError:
+    except (ValueError, RecursionError):
         raise CostError(f"{path}: not JSON; rewrite it with `python -m bnn.evidence --root {root} --table-only`") from None
     rows = data.get("rows") if isinstance(data, dict) else None
     if not isinstance(rows, list):
         raise CostError(f"{path}: no rows; not an evidence grid's results.json")
-    return [r for r in rows if isinstance(r, dict) and r.get("n_ok") and isinstance(r.get("test_mean"), float)]
+    out = []
+    for i, r in enumerate(rows):
+        bad = None
+        if not isinstance(r, dict):
+            bad = f"is {type(r).__name__}, not an object"
+        elif not isinstance(r.get("n_ok"), int) or isinstance(r.get("n_ok"), bool) or r["n_ok"] < 0:
+            bad = f"has n_ok {_show(r.get('n_ok'))}, not a count of runs"
+        elif r["n_ok"] == 0:
+            continue  # never trained: nothing to rank
+        elif _genome(r.get("genome")) is None:
+            bad = f"has genome {_show(r.get('genome'))}, not a genome"
+        elif r.get("counts", "raw") not in COUNT_CONVENTIONS:
+            bad = f"has counts {_show(r.get('counts'))}, not one of {', '.join(COUNT_CONVENTIONS)}"
+        elif not _accuracy(r.get("test_mean")):
+            bad = f"has test_mean {_show(r.get('test_mean'))}, not an accuracy in 0..1"
+        if bad:
+            raise CostError(f"{path}: row {i + 1} {bad}; rewrite it with `python -m bnn.evidence --root {root} --table-only`")
+        out.append({**r, "genome": _genome(r["genome"])})
+    return out
 
 
 def grid_cell_seconds(root: str) -> float | None:
@@ -277,16 +387,18 @@ def main(argv=None) -> int:
         except FileNotFoundError:
             raise CostError(f"{run_dir / JOURNAL}: no such file; RUN_DIR must be a search's folder") from None
         config = events[0]["config"]
+        counts = check_events(run_dir / JOURNAL, events)
         c = cost(events)
         ranks = []
         if args.full:
             full = grid_rows(args.full)
-            known = journal_fitness(events, config.get("counts", "raw"))
-            known.update({k: r["fitness"] for k, r in read_extra(run_dir).items()
-                          if isinstance(r.get("fitness"), (int, float))})
+            known = journal_fitness(events, counts)
             if args.score:
                 with hold_run_dir(run_dir, create=False):  # not while the search itself writes there
+                    known.update(_extra_fitness(read_extra(run_dir, log, cut=True)))
                     score_missing(run_dir, config, full, known, log)
+            else:
+                known.update(_extra_fitness(read_extra(run_dir, log)))
             pairs, rho = rank_table(full, known)
             ranks.append(("search fitness vs full recipe", pairs, rho))
             cell_s, per = grid_cell_seconds(args.full), c["training_s"] / c["evaluations"] if c["evaluations"] else None
@@ -297,11 +409,11 @@ def main(argv=None) -> int:
                 pairs, rho = rank_table(full, short)
                 ranks.append(("screen vs full recipe", pairs, rho))
     except (CostError, JournalError, RunDirInUse, OutputError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     print(markdown(c, ranks), end="")
-    if args.json:
-        print(json.dumps({"cost": c, "ranks": [rank_summary(t, p, r) for t, p, r in ranks]}))
+    if args.json:  # strict JSON: every figure was checked finite on the way in
+        print(json.dumps({"cost": c, "ranks": [rank_summary(t, p, r) for t, p, r in ranks]}, allow_nan=False))
     return 0
 
 

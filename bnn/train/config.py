@@ -81,6 +81,9 @@ class TrainConfig:
         check_measure_grad_clip(self.measure_grad_clip)
         check_measure_impl(self.measure_impl)
         _check_int("epochs", self.epochs, 1)
+        for m in self.milestones:  # epochs after which lr *= gamma: an epoch number, 1 or more
+            if m < 1:
+                raise ValueError(f"milestones must be epochs of 1 or more, got {m} in {list(self.milestones)}")
         _check_int("batch_size", self.batch_size, 1)
         _check_int("seed", self.seed, 0, SEED_MAX)
         _check_int("split_seed", self.split_seed, 0, SEED_MAX)

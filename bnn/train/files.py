@@ -20,6 +20,7 @@ from refimpl.fileio import (
     remove_stale_temps,
     write_error,
 )
+from refimpl.genome import Genome
 
 from .config import TrainConfig, TrainResult
 
@@ -95,7 +96,39 @@ def load_checkpoint(path: str, resumable: bool = True) -> dict:
             and isinstance(ckpt.get("status"), str)):
         raise ValueError(f"{path} is a damaged bnn.train checkpoint (its history, epoch or status is not what "
                          "bnn.train writes); train again into another --out")
+    problem = _contradiction(ckpt.get("config"), ckpt.get("model_config"))
+    if problem:
+        raise ValueError(f"{path} is a damaged bnn.train checkpoint: {problem}; export or resume would each trust "
+                         "a different one: train again into another --out")
     return ckpt
+
+
+# What the training settings (``config``) and the model (``model_config``) both record, and the
+# value a checkpoint from before the key trained with: export reads the model's, resume the
+# settings', so the two must agree.
+_SHARED = (("measure", None), ("downsample", "binary"), ("counts", "raw"))
+
+
+def _contradiction(config, model_config) -> str | None:
+    """How a checkpoint's ``config`` and ``model_config`` disagree, or None."""
+    if not isinstance(model_config, dict):
+        return "it has no model_config object"
+    if not isinstance(config, dict):
+        return "it has no config object"
+    for key, default in _SHARED:
+        a, b = config.get(key, default), model_config.get(key, default)
+        if key == "measure":
+            a, b = _canonical(a), _canonical(b)
+        if a != b:
+            return f"config.{key} is {str(a)[:40]!r} but model_config.{key} is {str(b)[:40]!r}"
+    return None
+
+
+def _canonical(measure):
+    try:
+        return str(Genome.parse(measure))
+    except (ValueError, TypeError, AttributeError):
+        return measure  # not a genome: build_model and TrainConfig each refuse it in their turn
 
 
 def write_metrics(path: str, history: list[dict]) -> None:

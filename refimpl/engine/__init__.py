@@ -7,7 +7,8 @@
   writes them);
 * ``model_file`` (with ``_safetensors``): reads a file and checks every field, the one place
   that validates one (``ModelFileError``, one line, for anything the kernels could not run);
-* ``model`` (``Model``, ``load``), ``plan`` (one step per layer and its buffers),
+* ``model`` (``Model``, ``load``), ``plan`` (one step per layer and its buffers), ``budget``
+  (a plan's bytes counted from its geometry and refused above a limit before any allocation),
   ``float_kernels`` (stem, shortcut, pooling, classifier) and ``epilogue`` (the per-genome fused
   epilogue, generated from ``refimpl/codegen/epilogue_template.py`` and cached);
 * ``infer``: ``python -m refimpl.infer``.

@@ -15,6 +15,7 @@ cannot be created) a fresh private temp folder serves the process, with a one-li
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -152,10 +153,16 @@ def private_cache_dir() -> str:
     if problem is None:
         return directory
     if not _FALLBACK:
-        _FALLBACK.append(tempfile.mkdtemp(prefix="bnn-measure-"))  # mode 700
-        print(f"refimpl: warning: not using the measure cache: {problem}; compiling into {_FALLBACK[0]} "
+        print(f"refimpl: warning: not using the measure cache: {problem}; compiling into {_fallback_dir()} "
               "for this process (fix: chmod go-w the folder, or set BNN_MEASURE_CACHE to a private, writable one)",
               file=sys.stderr)
+    return _fallback_dir()
+
+
+def _fallback_dir() -> str:
+    """The fresh private temp folder that serves this process when the cache cannot."""
+    if not _FALLBACK:
+        _FALLBACK.append(tempfile.mkdtemp(prefix="bnn-measure-"))  # mode 700
     return _FALLBACK[0]
 
 
@@ -188,13 +195,8 @@ def load(genome, counts: str = DEFAULT_COUNTS, tables: bool = True):
     return _LOADED[key]
 
 
-def compile_module(key: str, text: str):
-    """The module ``key`` executed from the generated source ``text``, whose file is written to
-    the private cache folder as ``key.py`` (Numba's ``cache=True`` needs a real file) but never
-    executed from there (``load`` says why): the public entry for any generated Numba module (``bnn/nn/measure_fused.py``'s
-    training kernels too). ``key`` must name the text (a digest of it in the name), since a
-    module of that name already in ``sys.modules`` is replaced."""
-    directory = private_cache_dir()
+def _write_source(directory: str, key: str, text: str) -> str:
+    """``directory/key.py`` holding ``text`` (rewritten when it differs); its path."""
     path = os.path.join(directory, f"{key}.py")
     current = None
     if os.path.isfile(path):
@@ -203,9 +205,32 @@ def compile_module(key: str, text: str):
     if current != text:
         # Atomic, so a concurrent process never reads a half-written file.
         fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+    return path
+
+
+def compile_module(key: str, text: str):
+    """The module ``key`` executed from the generated source ``text``, whose file is written to
+    the private cache folder as ``key.py`` (Numba's ``cache=True`` needs a real file) but never
+    executed from there (``load`` says why): the public entry for any generated Numba module (``bnn/nn/measure_fused.py``'s
+    training kernels too). ``key`` must name the text (a digest of it in the name), since a
+    module of that name already in ``sys.modules`` is replaced."""
+    directory = private_cache_dir()
+    try:
+        path = _write_source(directory, key, text)
+    except OSError as exc:  # a folder in the entry's place, a full disk: bypassed, as other cache damage is
+        fallback = _fallback_dir()
+        print(f"refimpl: warning: the measure cache entry {os.path.join(directory, key)}.py cannot be written "
+              f"({exc.strerror or exc}); ignored, compiling into {fallback} for this process (fix: remove it)",
+              file=sys.stderr)
+        path = _write_source(fallback, key, text)
     code = compile(text, path, "exec", dont_inherit=True)
     module = types.ModuleType(key)
     module.__file__ = path  # Numba's cache locates and stamps the kernels by this file

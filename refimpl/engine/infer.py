@@ -236,6 +236,10 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, OSError) as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
+    except MemoryError as exc:  # an allocation the plan's bound (engine/budget.py) did not foresee
+        print(f"error: out of memory ({one_line(exc) or 'no detail'}); try a smaller --batch, or a machine with "
+              "more memory", file=sys.stderr)
+        return 2
     acc = "n/a (no labels)" if summary["accuracy"] is None else f"{100 * summary['accuracy']:.2f}%"
     print(f"{summary['arch']} ({summary['genome']}, {summary['downsample']} downsampling, {summary['counts']} counts) "
           f"on {summary['n']} images "

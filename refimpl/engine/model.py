@@ -51,7 +51,7 @@ import time
 import numba
 import numpy as np
 
-from . import epilogue
+from . import budget, epilogue
 from .float_kernels import RUN_THREADS
 from .model_file import describe, read
 from .plan import build_plan
@@ -76,6 +76,7 @@ class Model:
         self.num_classes, self.class_names = d.num_classes, d.class_names
         self.mean, self.std, self.pixel_max = d.mean, d.std, d.pixel_max
         self._epilogue = epilogue.load(self.genome, self.counts)
+        budget.check(self, 1)  # a file whose plan cannot fit is refused at load, before any allocation
         self._plans: dict = {}
         self.last_timings: list[tuple[str, float]] = []
 

@@ -16,7 +16,7 @@ from ..kernels.geometry import conv_output_size
 from ..kernels.scratch import thread_rows
 from ..kernels.tiling import TILE_PIXELS
 from ..kernels.window_sums import in_bounds_taps, weight_window_sums
-from . import epilogue
+from . import budget, epilogue
 from .float_kernels import RUN_THREADS, global_mean, linear, pack_padded, real_shortcut, run_kernel, stem
 from .format import BinaryConv, BinaryUnit, GlobalAvgPool, Pool, Stem
 
@@ -184,7 +184,9 @@ class _Activations:
 
 
 def build_plan(model, n_img: int) -> _Plan:
-    """The steps of ``model`` (a ``Model``: its layers and epilogue) for batches of ``n_img``."""
+    """The steps of ``model`` (a ``Model``: its layers and epilogue) for batches of ``n_img``;
+    ``budget.PlanMemoryError`` (one line) before any allocation if they would not fit the limit."""
+    budget.check(model, n_img)
     steps = []
     arena = _Activations()
     c, h, w = model.input_shape
