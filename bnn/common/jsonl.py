@@ -12,6 +12,16 @@ import os
 from refimpl.fileio import open_regular, write_error
 
 
+def is_number(v) -> bool:
+    """A record's field read as a finite int or float (not a bool: JSON's true is not 1)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def is_accuracy(v) -> bool:
+    """A record's field read as an accuracy: a finite number in 0..1."""
+    return is_number(v) and 0 <= v <= 1
+
+
 def _finite(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None  # strict JSON, as results.json is: no bare NaN or Infinity

@@ -19,7 +19,7 @@ from refimpl.engine.format import DOWNSAMPLE_KINDS as DOWNSAMPLES
 from refimpl.fileio import atomic_write_bytes, open_regular, read_regular
 from refimpl.genome import Genome
 
-from ..common.jsonl import json_line
+from ..common.jsonl import is_accuracy, is_number, json_line
 
 STATUSES = ("ok", "diverged", "rejected", "error")
 # What the report formats from a protocol line, and the type each must have (None: the default).
@@ -33,14 +33,6 @@ _TORN_STARTS = (b'{"kind": "protocol"', b'{"key": ')
 
 class GridError(Exception):
     """A one-line user error: the CLI prints it and exits 2."""
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _accuracy(v) -> bool:
-    return _number(v) and 0 <= v <= 1
 
 
 def _cell_problem(row) -> str | None:
@@ -61,9 +53,9 @@ def _cell_problem(row) -> str | None:
         return problem
     for field in ("test_acc", "val_acc"):
         v = row.get(field)
-        if not (v is None and row["status"] != "ok") and not _accuracy(v):
+        if not (v is None and row["status"] != "ok") and not is_accuracy(v):
             return f"has {field} {v!r}, not an accuracy in 0..1"
-    if not _number(row.get("wall_s", 0.0)) or not all(isinstance(row.get(f, ""), (str, type(None)))
+    if not is_number(row.get("wall_s", 0.0)) or not all(isinstance(row.get(f, ""), (str, type(None)))
                                                       for f in ("host", "cpu_kind")):
         return "has a wall_s, host or cpu_kind of the wrong type"
     return None

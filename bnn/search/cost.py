@@ -30,7 +30,7 @@ from refimpl.conventions import NAMES as COUNT_CONVENTIONS
 from refimpl.fileio import OutputError, open_regular, read_regular
 from refimpl.genome import Genome
 
-from ..common.jsonl import append_line
+from ..common.jsonl import append_line, is_accuracy, is_number
 from ..common.runlock import RunDirInUse, hold_run_dir
 from ..common.stats import bootstrap_spearman, mean, spearman, top_agreement
 from .journal import JOURNAL, JournalError, read
@@ -42,14 +42,6 @@ _TRAINED = "train"
 
 class CostError(ValueError):
     """A refused input: one ``error:`` line, exit status 2."""
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _accuracy(v) -> bool:
-    return _number(v) and 0 <= v <= 1
 
 
 def _genome(v) -> str | None:
@@ -76,16 +68,16 @@ def check_events(path, events: list[dict]) -> str:
                         "not a journal this version wrote")
     for i, e in enumerate(events, 1):
         bad = None
-        if e.get("time") is not None and not _number(e.get("time")):
+        if e.get("time") is not None and not is_number(e.get("time")):
             bad = f"time {_show(e.get('time'))}, not a number of seconds"
         elif e.get("type") == "result":
             if _genome(e.get("genome")) is None:
                 bad = f"a result whose genome is {_show(e.get('genome'))}, not a genome"
-            elif e.get("source") == _TRAINED and e.get("fitness") is not None and not _accuracy(e.get("fitness")):
+            elif e.get("source") == _TRAINED and e.get("fitness") is not None and not is_accuracy(e.get("fitness")):
                 bad = f"a trained result whose fitness is {_show(e.get('fitness'))}, not an accuracy in 0..1"
-            elif e.get("source") == "ladder" and not (_number(e.get("fitness")) and e["fitness"] >= 0):
+            elif e.get("source") == "ladder" and not (is_number(e.get("fitness")) and e["fitness"] >= 0):
                 bad = f"a ladder's result whose fitness is {_show(e.get('fitness'))}, not a rung plus a score"
-            elif e.get("wall_s") is not None and not (_number(e.get("wall_s")) and e["wall_s"] >= 0):
+            elif e.get("wall_s") is not None and not (is_number(e.get("wall_s")) and e["wall_s"] >= 0):
                 bad = f"a result whose wall_s is {_show(e.get('wall_s'))}, not a number of seconds"
         if bad:
             raise CostError(f"{path}: line {i} has {bad}; not a journal the search wrote")
@@ -182,7 +174,7 @@ def _extra_problem(rec) -> str | None:
         return f"has counts {_show(counts)}, not one of {', '.join(COUNT_CONVENTIONS)}"
     if rec.get("key") != _key(genome, counts):
         return f"has key {_show(rec.get('key'))}, which contradicts its genome and counts ({_key(genome, counts)})"
-    if rec.get("fitness") is not None and not _accuracy(rec.get("fitness")):
+    if rec.get("fitness") is not None and not is_accuracy(rec.get("fitness")):
         return f"has fitness {_show(rec.get('fitness'))}, not an accuracy in 0..1"
     return None
 
@@ -257,7 +249,7 @@ def grid_rows(root: str) -> list[dict]:
             bad = f"has genome {_show(r.get('genome'))}, not a genome"
         elif r.get("counts", "raw") not in COUNT_CONVENTIONS:
             bad = f"has counts {_show(r.get('counts'))}, not one of {', '.join(COUNT_CONVENTIONS)}"
-        elif not _accuracy(r.get("test_mean")):
+        elif not is_accuracy(r.get("test_mean")):
             bad = f"has test_mean {_show(r.get('test_mean'))}, not an accuracy in 0..1"
         if bad:
             raise CostError(f"{path}: row {i + 1} {bad}; rewrite it with `python -m bnn.evidence --root {root} --table-only`")
