@@ -35,6 +35,16 @@ def json_line(row: dict) -> bytes:
     return (json.dumps(_finite(row), allow_nan=False) + "\n").encode()
 
 
+def cut_to(path: str, length: int) -> None:
+    """Cut a journal back to ``length`` bytes (its torn last line dropped), fsynced, never through a link."""
+    fd = open_regular(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, length)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def append_line(path: str, row: dict) -> None:
     """Append ``row`` as one JSON line, every byte of it, fsynced; or raise ``OutputError`` with
     the file cut back to its length before (a full disk: ``os.write`` may write only part of the

@@ -16,10 +16,10 @@ import os
 from refimpl.conventions import DEFAULT as RAW
 from refimpl.conventions import NAMES as COUNT_CONVENTIONS
 from refimpl.engine.format import DOWNSAMPLE_KINDS as DOWNSAMPLES
-from refimpl.fileio import atomic_write_bytes, open_regular, read_regular
+from refimpl.fileio import atomic_write_bytes, read_regular
 from refimpl.genome import Genome
 
-from ..common.jsonl import is_accuracy, is_number, json_line
+from ..common.jsonl import cut_to, is_accuracy, is_number, json_line
 
 STATUSES = ("ok", "diverged", "rejected", "error")
 # What the report formats from a protocol line, and the type each must have (None: the default).
@@ -109,12 +109,7 @@ def _split(path: str, raw: bytes, log) -> list:
                 raise GridError(f"{path} line {i + 1} is not a line this grid wrote; repair or remove that line, "
                                 "or use another --root") from None
             log(f"{path}: ignored a torn last line")
-            fd = open_regular(path, os.O_WRONLY)
-            try:
-                os.ftruncate(fd, good_end)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            cut_to(path, good_end)
             break
         rows.append(row)
         good_end += len(line) + 1

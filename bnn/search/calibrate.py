@@ -27,7 +27,7 @@ from pathlib import Path
 from refimpl.cli import OneLineParser, one_line, positive_float, positive_int, seed_int
 from refimpl.fileio import read_regular
 
-from ..common.jsonl import append_line
+from ..common.jsonl import append_line, cut_to
 from ..common.stats import bootstrap_spearman, mean, spearman, top_agreement
 from ..settings import DEFAULT_MODEL, FITNESS
 from .cost import CostError, grid_cell_seconds, grid_rows
@@ -60,8 +60,7 @@ def read_journal(path: Path, log) -> tuple[dict | None, dict[str, dict]]:
             if i < len(lines) - 1:
                 raise CostError(f"{path}: line {i + 1} is not a calibration record; move the file away") from None
             log(f"{path}: its last line is incomplete (a kill mid-write); it is dropped and trained again")
-            with open(path, "r+b") as f:
-                f.truncate(good)
+            cut_to(str(path), good)  # never through a link planted in the journal's place
             break
         records.append(rec)
         good += len(line) + 1

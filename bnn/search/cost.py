@@ -20,17 +20,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 from pathlib import Path
 
 from refimpl.cli import one_line
 from refimpl.conventions import NAMES as COUNT_CONVENTIONS
-from refimpl.fileio import OutputError, open_regular, read_regular
+from refimpl.fileio import OutputError, read_regular
 from refimpl.genome import Genome
 
-from ..common.jsonl import append_line, is_accuracy, is_number
+from ..common.jsonl import append_line, cut_to, is_accuracy, is_number
 from ..common.runlock import RunDirInUse, hold_run_dir
 from ..common.stats import bootstrap_spearman, mean, spearman, top_agreement
 from .journal import JOURNAL, JournalError, read
@@ -204,12 +203,7 @@ def read_extra(run_dir: Path, log=None, cut: bool = False) -> dict[str, dict]:
             if log:
                 log(f"{path}: ignored a torn last line{' (cut off; its training runs again)' if cut else ''}")
             if cut:
-                fd = open_regular(path, os.O_WRONLY)
-                try:
-                    os.ftruncate(fd, good_end)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                cut_to(path, good_end)
             break
         problem = _extra_problem(rec)
         if problem:
