@@ -165,8 +165,9 @@ def test_fitness_worker_trains_with_the_search_kind(monkeypatch):
 
     monkeypatch.setattr(bnn.train, "train_model", fake_train)
     for kind in ("real", "binary"):
-        worker = Worker("train", SearchConfig(downsample=kind, epochs=1, device="cpu").train_dict())
-        worker._data = object()  # the fake training reads no data
+        train = SearchConfig(downsample=kind, epochs=1, device="cpu").train_dict()
+        worker = Worker("train", train)
+        worker._data = {train.get("train_size"): object()}  # the fake training reads no data
         assert worker.run({"genome": "0-0-0-0-0-0-1"})["status"] == "ok"
     assert seen == ["real", "binary"]
 

@@ -93,8 +93,8 @@ def load_checkpoint(path: str, resumable: bool = True) -> dict:
     # What resume and a finished run read, typed: a damaged or crafted one is one line, not a traceback.
     if resumable and not (isinstance(history, list) and all(isinstance(r, dict) for r in history)
             and isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0
-            and isinstance(ckpt.get("status"), str)):
-        raise ValueError(f"{path} is a damaged bnn.train checkpoint (its history, epoch or status is not what "
+            and isinstance(ckpt.get("status"), str) and isinstance(ckpt.get("config"), dict)):
+        raise ValueError(f"{path} is a damaged bnn.train checkpoint (its config, history, epoch or status is not what "
                          "bnn.train writes); train again into another --out")
     problem = _contradiction(ckpt.get("config"), ckpt.get("model_config"))
     if problem:
@@ -110,11 +110,11 @@ _SHARED = (("measure", None), ("downsample", "binary"), ("counts", "raw"))
 
 
 def _contradiction(config, model_config) -> str | None:
-    """How a checkpoint's ``config`` and ``model_config`` disagree, or None."""
-    if not isinstance(model_config, dict):
-        return "it has no model_config object"
-    if not isinstance(config, dict):
-        return "it has no config object"
+    """How a checkpoint's ``config`` and ``model_config`` disagree, or None. A checkpoint with only
+    one of them (older ones, hand-made ones) has nothing to contradict: export checks the model's
+    and resume the settings' in their turn."""
+    if not (isinstance(config, dict) and isinstance(model_config, dict)):
+        return None
     for key, default in _SHARED:
         a, b = config.get(key, default), model_config.get(key, default)
         if key == "measure":
