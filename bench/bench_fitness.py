@@ -53,7 +53,7 @@ PAPER_TRAIN, PAPER_VAL = 45_000, 5_000  # the search's CIFAR-10 split (bnn.data:
 CIFAR_MEAN, CIFAR_STD = (125.3, 123.0, 113.9), (63.0, 62.1, 66.7)  # any statistics time the same
 BARRIER_S = 1800  # longest wait of a K process for the others to be ready (compiles included)
 NEW_GENOMES = ("M2", "M6", "M3")  # paper measures (M6 trained to 70% in the README's evidence)
-TINY = {"images": 128, "batch": 8, "steps": 2, "warmup": 1, "k": [1, 2]}
+TINY = {"images": 64, "batch": 4, "steps": 1, "warmup": 1, "k": [1, 2]}
 DEFAULTS = {"cuda": {"images": 50_000, "batch": FITNESS.batch_size, "steps": 50, "warmup": 10, "k": [1, 2, 4]},
             "cpu": {"images": 50_000, "batch": FITNESS.batch_size, "steps": 3, "warmup": 1, "k": [1, 2, 4]}}
 
@@ -93,7 +93,7 @@ def build_parser() -> OneLineParser:
     p.add_argument("--full-only", action="store_true",
                    help="only the whole evaluation, timed from a new genome in this fresh process (compile included)")
     p.add_argument("--tiny", action="store_true",
-                   help="CPU smoke sizes: 128 images, batch 8, 2 steps, K = 1,2 (each can still be set)")
+                   help="CPU smoke sizes: 64 images, batch 4, 1 step, K = 1,2 (each can still be set)")
     p.add_argument("--json", action="store_true", help="one JSON line with every number on stdout, nothing else")
     return p
 

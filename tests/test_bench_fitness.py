@@ -44,8 +44,8 @@ def _positive(v) -> bool:
 
 def test_tiny_reports_throughput_of_both_networks_and_their_ratio(tiny):
     s = tiny["settings"]
-    assert (s["model"], s["epochs"], s["lr"], s["images"], s["batch"]) == ("resnet18", 15, 5e-3, 128, 8)
-    assert s["train_images"] + s["val_images"] == 128 and s["val_images"] == 12
+    assert (s["model"], s["epochs"], s["lr"], s["images"], s["batch"]) == ("resnet18", 15, 5e-3, 64, 4)
+    assert s["train_images"] + s["val_images"] == 64 and s["val_images"] == 6
     assert _positive(tiny["binary_images_per_s"]) and _positive(tiny["float_images_per_s"])
     assert tiny["binary_vs_float"] == pytest.approx(tiny["binary_images_per_s"] / tiny["float_images_per_s"])
     assert tiny["binary_images_per_s"] == pytest.approx(s["batch"] / tiny["step_s"])
@@ -61,7 +61,7 @@ def test_tiny_reports_first_step_times_of_a_first_and_a_new_genome(tiny):
 
 def test_tiny_extrapolates_one_evaluation_and_says_how(tiny):
     assert tiny["evaluation_extrapolated"] is True
-    steps = math.ceil(45_000 / 8)  # the paper's training split at the tiny batch
+    steps = math.ceil(45_000 / 4)  # the paper's training split at the tiny batch
     training = 15 * steps * tiny["step_s"]
     assert tiny["evaluation_s"] > training  # plus validation and the new genome's set-up
     assert f"15 epochs x ({steps} steps" in tiny["extrapolation"]
