@@ -1,0 +1,32 @@
+"""bench/suite_time.py: pytest's --durations lines summed per test and per file."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "suite_time.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("suite_time_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LINES = """============================= slowest durations ==============================
+130.10s setup    tests/test_a.py::test_one
+2.50s call     tests/test_a.py::test_one
+1.25s teardown tests/test_a.py::test_one
+7.00s call     verify/test_b.py::test_two[x-float32]
+0.75s call     tests/test_a.py::test_three
+(5151 durations < 0.005s hidden.  Use -vv to show these durations.)
+2411 passed, 88 skipped in 1117.11s (0:18:37)""".splitlines()
+
+
+def test_a_tests_phases_are_summed_and_files_ranked():
+    m = _module()
+    tests = m.durations(LINES)
+    assert tests == [(pytest.approx(133.85), "tests/test_a.py::test_one"), (7.0, "verify/test_b.py::test_two[x-float32]"),
+                     (0.75, "tests/test_a.py::test_three")]
+    assert m.per_file(tests) == [(pytest.approx(134.6), 2, "tests/test_a.py"), (7.0, 1, "verify/test_b.py")]
