@@ -101,6 +101,8 @@ def build_parser() -> OneLineParser:
                         "alike (bnn.train --step graphs with --measure-impl triton); on a CPU the same step, uncaptured")
     p.add_argument("--counts", default="raw", help="the count convention of the binary layers (default raw)")
     p.add_argument("--full-genome", help="the genome of the whole evaluation (default: a paper measure not yet trained)")
+    p.add_argument("--full-epochs", type=positive_int, default=FITNESS.epochs,
+                   help=f"epochs of the whole evaluation (default {FITNESS.epochs}, the paper's fitness; fewer: a smoke run)")
     p.add_argument("--full", action="store_true", help="also run and time one whole evaluation")
     p.add_argument("--full-only", action="store_true",
                    help="only the whole evaluation, timed from a new genome in this fresh process (compile included)")
@@ -387,13 +389,13 @@ def full_evaluation(args, data: Dataset, res: dict) -> dict:
     sync(data.device)
     t0 = time.perf_counter()
     loop = StepLoop(data, args.full_genome, True, loop_options(args), ragged=True)
-    for epoch in range(1, FITNESS.epochs + 1):
+    for epoch in range(1, args.full_epochs + 1):
         loop.run(loop.per_epoch)
         acc = evaluate(loop.model, data, data.val_x, data.val_y)[0]
         sync(data.device)
         res["full_evaluation"] = {"seconds": time.perf_counter() - t0, "epochs_done": epoch,
                                   "genome": args.full_genome, "train_images": len(data.train_y),
-                                  "val_images": len(data.val_y), "epochs": FITNESS.epochs, "steps": loop.pos,
+                                  "val_images": len(data.val_y), "epochs": args.full_epochs, "steps": loop.pos,
                                   "last_val_acc": acc}
         progress(res)
     return res["full_evaluation"]

@@ -82,7 +82,7 @@ make_cifar(sys.argv[1], per_batch=int(sys.argv[2]), archive=False)" "$data" "$SE
   fi
   rm -rf "$run"
   "$PY" -m bnn.search --dataset cifar10 --data-dir "$data" --device "$device" --run-dir "$run" --no-progress \
-    --counts laplace --population 3 --max-evaluations 5 --epochs 1 --seed 1 "$@" &
+    --counts laplace --epochs 1 --seed 1 "$@" &
   pid=$!
   until grep -Eq '"type": ?"result"' "$run/journal.jsonl" 2>/dev/null || ! kill -0 "$pid" 2>/dev/null; do sleep 1; done
   kill -9 "$pid" 2>/dev/null && echo "killed the search (SIGKILL) after its first result"
@@ -102,7 +102,7 @@ if [ "$mode" = gpu ]; then
   step graphs 130 "$PY" "${BF[@]}" --device cuda --triton --graphs --k 1,4
   step full 90 "$PY" "${BF[@]}" --device cuda --triton --graphs --counts laplace --full-genome M6 --full-only
   step search 100 bash -c 'search_e2e "$@"' _ cuda --measure-impl triton --step graphs --train-size 5000 \
-    --val-size 1000
+    --val-size 1000 --population 3 --max-evaluations 5
 else
   # Triton's interpreter runs the tests (a few of them: it is slow); a ResNet-18 under it would take hours, so
   # the benches time the same step (GraphStep, uncaptured on a CPU) with the eager measure, and the search
@@ -111,10 +111,11 @@ else
   step env 30 bash -c env_report
   step tests 70 "$PY" -m pytest -q -p no:cacheprovider -W ignore::RuntimeWarning "${GT[@]}" \
     -k "opcheck or host or plain_loop or refuse"
-  step graphs 40 "$PY" "${BF[@]}" --device cpu --tiny --graphs --images 24 --warmup 1 --steps 1 --k 1
-  step full 25 "$PY" "${BF[@]}" --device cpu --tiny --graphs --images 12 --counts laplace --full-genome M6 --full-only
-  step search 60 bash -c 'search_e2e "$@"' _ cpu --measure-impl eager --step eager --model nin --train-size 48 \
-    --val-size 24 --batch-size 16
+  step graphs 45 "$PY" "${BF[@]}" --device cpu --tiny --graphs --images 12 --warmup 1 --steps 1 --k none
+  step full 20 "$PY" "${BF[@]}" --device cpu --tiny --graphs --images 12 --counts laplace --full-genome M6 \
+    --full-only --full-epochs 1
+  step search 60 bash -c 'search_e2e "$@"' _ cpu --measure-impl eager --step eager --model nin --train-size 32 \
+    --val-size 16 --batch-size 16 --population 2 --max-evaluations 3
 fi
 
 "$PY" - "$OUT" "$mode" <<'EOF' | tee "$OUT/summary.txt"
