@@ -3,6 +3,7 @@
     python bench/bench_fitness.py                          # CUDA when present, else the CPU
     python bench/bench_fitness.py --device cuda --compile --json
     python bench/bench_fitness.py --tiny --json            # the CPU smoke mode the tests run
+    python bench/bench_fitness.py --device cuda --triton --graphs   # bnn.train --measure-impl triton --step graphs
 
 The unit of work of ``python -m bnn.search --preset paper``: a binary ResNet-18 trained for
 FITNESS.epochs epochs at FITNESS.batch_size images a step, Adam at FITNESS.lr (bnn/settings.py),
@@ -15,7 +16,8 @@ It prints, and with --json writes as one JSON line:
 * images/s of the binary network, and beside it of the float ResNet-18 under the same settings;
 * seconds from a new genome to its first finished step (model built, compiled if asked, one
   step), for the first genome of the process and for a second, new one: what every later
-  candidate of a search worker pays;
+  candidate of a search worker pays (with --triton: the kept model's genome rewritten and its
+  parameters and Adam reset in place, as a search worker does, then one step of the same graph);
 * seconds per evaluation of the paper's size (45,000 images x epochs, 5,000 validated after each
   epoch), extrapolated from the measured steps with the formula printed; --full runs one whole
   evaluation on the generated images and times it instead;
@@ -41,11 +43,13 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(_HERE, ".."), _HERE]  # the repository and bench/ (imported as a file too)
 
 from bench_train import machine  # noqa: E402
+from fitness_report import report  # noqa: E402
 
 from bnn.data import Dataset  # noqa: E402
 from bnn.nn.measure_op import use_measure_op  # noqa: E402
 from bnn.nn.models import build_model  # noqa: E402
 from bnn.settings import ADAM_BETAS, FITNESS  # noqa: E402
+from bnn.train.graph_step import GraphStep  # noqa: E402
 from bnn.train.loop import CUDA_FINITE_CHECK_EVERY, evaluate, setup_backend  # noqa: E402
 from refimpl.cli import OneLineParser, positive_int  # noqa: E402
 
@@ -89,6 +93,16 @@ def build_parser() -> OneLineParser:
     p.add_argument("--cudagraphs", action="store_true",
                    help="with --compile: mode reduce-overhead, the step's kernels replayed as CUDA graphs (bnn.train "
                         "--step graphs; the genome stays in the graph, so not with --measure-op)")
+    p.add_argument("--triton", action="store_true",
+                   help="the binary layers through bnn/gpu's Triton operator (bnn.train --measure-impl triton; CUDA, or "
+                        "TRITON_INTERPRET=1 on a CPU); a new genome is set in place on the kept model")
+    p.add_argument("--graphs", action="store_true",
+                   help="the whole step (forward, loss, backward, fused Adam) captured as one CUDA graph, binary and float "
+                        "alike (bnn.train --step graphs with --measure-impl triton); on a CPU the same step, uncaptured")
+    p.add_argument("--counts", default="raw", help="the count convention of the binary layers (default raw)")
+    p.add_argument("--full-genome", help="the genome of the whole evaluation (default: a paper measure not yet trained)")
+    p.add_argument("--full-epochs", type=positive_int, default=FITNESS.epochs,
+                   help=f"epochs of the whole evaluation (default {FITNESS.epochs}, the paper's fitness; fewer: a smoke run)")
     p.add_argument("--full", action="store_true", help="also run and time one whole evaluation")
     p.add_argument("--full-only", action="store_true",
                    help="only the whole evaluation, timed from a new genome in this fresh process (compile included)")
@@ -117,6 +131,16 @@ def resolve(args) -> argparse.Namespace:
     if args.cudagraphs and args.measure_op:
         raise ValueError("--cudagraphs with --measure-op would never capture (the operator takes a CPU tensor); "
                          "give one of them")
+    if args.graphs and (args.compile or args.measure_op):
+        raise ValueError("--graphs captures the uncompiled step with the Triton operator: not with --compile or --measure-op")
+    if args.triton:
+        from bnn.gpu.require import triton_problem
+
+        if triton_problem(name.partition(":")[0]):
+            raise ValueError(triton_problem(name.partition(":")[0]))
+    from refimpl.conventions import check_counts
+
+    check_counts(args.counts)
     base = TINY if args.tiny else DEFAULTS["cuda" if name.startswith("cuda") else "cpu"]
     for key, value in base.items():
         if getattr(args, key) is None:
@@ -125,7 +149,8 @@ def resolve(args) -> argparse.Namespace:
 
     args.genome = str(Genome.parse(args.genome))
     # Genomes this process has not trained: one for the new-genome timing, one for --full.
-    args.new_genome, args.full_genome = [g for g in (str(Genome.parse(n)) for n in NEW_GENOMES) if g != args.genome][:2]
+    args.new_genome, full = [g for g in (str(Genome.parse(n)) for n in NEW_GENOMES) if g != args.genome][:2]
+    args.full_genome = str(Genome.parse(args.full_genome)) if args.full_genome else full
     val = args.images // 10
     if args.images - val < args.batch:
         least = args.batch
@@ -159,18 +184,24 @@ class StepLoop:
 
     def __init__(self, data: Dataset, genome: str, binary: bool, opts: dict, seed: int = 0, ragged: bool = False):
         device = data.device
-        torch.manual_seed(seed)
-        model = build_model("resnet18", genome, 10, (3, 32, 32), binary=binary).to(device)
+        model = _model(genome, binary, opts, seed).to(device)
         if device.type == "cuda":
             model = model.to(memory_format=torch.channels_last)
         if binary and opts["measure_op"]:
             use_measure_op(model)
-        self.model, self.data, self.batch = model, data, opts["batch"]
+        if binary and opts["triton"]:
+            from bnn.gpu.measure_op import prime_geometry, use_triton_measure
+
+            prime_geometry(use_triton_measure(model), (3, 32, 32))
+        self.model, self.data, self.batch, self.binary, self.opts = model, data, opts["batch"], binary, opts
         mode = {"mode": "reduce-overhead"} if opts["cudagraphs"] else {}
         self.forward = torch.compile(model, backend=opts["compile_backend"], **mode) if opts["compile"] else model
         self.cudagraphs = opts["cudagraphs"]
-        fused = {"fused": True} if opts["fused_adam"] and device.type == "cuda" else {}
+        cuda, graphs = device.type == "cuda", opts["graphs"]
+        fused = {"fused": True, "capturable": cuda and graphs} if (opts["fused_adam"] and cuda) or graphs else {}
         self.opt = torch.optim.Adam(model.parameters(), lr=FITNESS.lr, betas=ADAM_BETAS, **fused)
+        self.graph = GraphStep(model, self.opt, self.batch, (3, 32, 32), device) if graphs else None
+        ragged = ragged and not graphs  # one captured shape: full batches only, as bnn.train's graphs step
         self.gen = torch.Generator().manual_seed(seed + 1)
         # ragged: bnn.train's epoch, its last batch smaller (under torch.compile a new shape, so one
         # more compile); else full batches only, so the timed steps are the steady state.
@@ -190,6 +221,10 @@ class StepLoop:
         idx = plan["perm"][i * self.batch:(i + 1) * self.batch]
         x = d.augment(d.train_x[idx], plan["offsets"][idx], plan["flips"][idx])
         y = d.train_y[idx]
+        if self.graph is not None:  # the finite check is in the captured step: no wait for the device
+            self.graph.run(d.normalize(x), y)
+            self.pos += 1
+            return
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()  # as bnn.train's graphs step
         logits = self.forward(d.normalize(x))
@@ -204,6 +239,17 @@ class StepLoop:
         self.correct += (logits.detach().argmax(1) == y).sum()
         self.pos += 1
 
+    def new_genome(self, genome: str, seed: int = 0) -> None:
+        """A search worker's next candidate on this loop's kept model (--triton): the genome written in place,
+        the parameters and BatchNorm statistics of a fresh seeded build copied in, Adam's state zeroed."""
+        from bnn.gpu.measure_op import set_genome
+
+        set_genome(self.model, genome, reset_alpha=False)
+        self.model.load_state_dict(_model(genome, self.binary, self.opts, seed).state_dict())
+        for state in self.opt.state.values():
+            for value in state.values():
+                value.zero_()
+
     def run(self, steps: int) -> float:
         """Seconds for ``steps`` steps, the device drained before and after."""
         sync(self.data.device)
@@ -214,10 +260,22 @@ class StepLoop:
         return time.perf_counter() - t0
 
 
+def _model(genome: str, binary: bool, opts: dict, seed: int) -> torch.nn.Module:
+    # A seeded ResNet-18 on the CPU (the same draws wherever it then goes).
+    torch.manual_seed(seed)
+    return build_model("resnet18", genome, 10, (3, 32, 32), binary=binary, counts=opts["counts"])
+
+
 def loop_options(args) -> dict:
     """What every StepLoop of this run shares (picklable, for the K processes)."""
     return {"batch": args.batch, "compile": args.compile, "compile_backend": args.compile_backend,
-            "measure_op": args.measure_op, "fused_adam": args.fused_adam, "cudagraphs": args.cudagraphs}
+            "measure_op": args.measure_op, "fused_adam": args.fused_adam, "cudagraphs": args.cudagraphs,
+            "triton": args.triton, "graphs": args.graphs, "counts": args.counts}
+
+
+def step_kind(args) -> str:
+    """The name of the step this run times: graphs, compiled or eager."""
+    return "graphs" if args.graphs else "compiled" if args.compile else "eager"
 
 
 def first_step_s(data: Dataset, genome: str, binary: bool, opts: dict) -> float:
@@ -229,9 +287,19 @@ def first_step_s(data: Dataset, genome: str, binary: bool, opts: dict) -> float:
 
 
 def first_steps(args, data: Dataset) -> dict:
-    """First-step seconds of the binary network: eager (and compiled when asked), first and a new genome."""
+    """First-step seconds of the binary network: eager (and compiled when asked), first and a new genome;
+    with --triton, the run's own step kind, the new genome set on the first one's kept loop."""
+    if args.triton:
+        sync(data.device)
+        t0 = time.perf_counter()
+        loop = StepLoop(data, args.genome, True, loop_options(args))
+        loop.run(1)
+        t1 = time.perf_counter()
+        loop.new_genome(args.new_genome)
+        loop.run(1)
+        return {step_kind(args): {"first_genome": t1 - t0, "new_genome": time.perf_counter() - t1}}
     out = {}
-    modes = [("eager", False)] + ([("compiled", True)] if args.compile else [])
+    modes = [(step_kind(args) if args.graphs else "eager", False)] + ([("compiled", True)] if args.compile else [])
     for mode, compiled in modes:
         opts = {**loop_options(args), "compile": compiled}
         out[mode] = {"first_genome": first_step_s(data, args.genome, True, opts),
@@ -321,13 +389,13 @@ def full_evaluation(args, data: Dataset, res: dict) -> dict:
     sync(data.device)
     t0 = time.perf_counter()
     loop = StepLoop(data, args.full_genome, True, loop_options(args), ragged=True)
-    for epoch in range(1, FITNESS.epochs + 1):
+    for epoch in range(1, args.full_epochs + 1):
         loop.run(loop.per_epoch)
         acc = evaluate(loop.model, data, data.val_x, data.val_y)[0]
         sync(data.device)
         res["full_evaluation"] = {"seconds": time.perf_counter() - t0, "epochs_done": epoch,
                                   "genome": args.full_genome, "train_images": len(data.train_y),
-                                  "val_images": len(data.val_y), "epochs": FITNESS.epochs, "steps": loop.pos,
+                                  "val_images": len(data.val_y), "epochs": args.full_epochs, "steps": loop.pos,
                                   "last_val_acc": acc}
         progress(res)
     return res["full_evaluation"]
@@ -345,7 +413,8 @@ def measure_all(args) -> dict:
                         "images": args.images, "train_images": len(data.train_y), "val_images": len(data.val_y),
                         "steps": args.steps, "warmup": args.warmup, "compile": args.compile,
                         "compile_backend": args.compile_backend if args.compile else None,
-                        "measure_op": args.measure_op, "fused_adam": args.fused_adam, "cudagraphs": args.cudagraphs}}
+                        "measure_op": args.measure_op, "fused_adam": args.fused_adam, "cudagraphs": args.cudagraphs,
+                        "triton": args.triton, "graphs": args.graphs, "counts": args.counts, "step": step_kind(args)}}
     if args.full_only:
         full_evaluation(args, data, res)
         return res
@@ -384,7 +453,7 @@ def progress(res: dict) -> None:
 
 def extrapolate(args, res: dict, step_s: float, val_s: float) -> dict:
     """Seconds per evaluation of the paper's size from the measured step and validation, and the formula used."""
-    mode = "compiled" if args.compile else "eager"
+    mode = step_kind(args)
     setup = max(0.0, res["first_step_s"][mode]["new_genome"] - step_s)
     steps = math.ceil(PAPER_TRAIN / args.batch)
     val_paper = val_s * PAPER_VAL / res["settings"]["val_images"]
@@ -398,42 +467,6 @@ def _free(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the K processes get the memory this one no longer uses
-
-
-def report(res: dict) -> str:
-    """The human-readable report of ``measure_all``'s numbers."""
-    s = res["settings"]
-    lines = [res["host"], f"device: {res['device']} ({res['device_name']}), torch {res['torch']}",
-             f"resnet18, {s['epochs']} epochs, batch {s['batch']}, lr {s['lr']:g}, {s['images']} synthetic images "
-             f"({s['train_images']} train / {s['val_images']} val), {s['steps']} timed steps after {s['warmup']}; "
-             f"compile={s['compile']} measure_op={s['measure_op']} fused_adam={s['fused_adam']} "
-             f"cudagraphs={s['cudagraphs']}"]
-    if "binary_images_per_s" in res:  # not with --full-only
-        lines.append(f"binary {res['genome']}: {res['binary_images_per_s']:.0f} images/s" + (
-            "" if res["float_images_per_s"] is None else f"   float: {res['float_images_per_s']:.0f} images/s   "
-            f"binary/float {res['binary_vs_float']:.2f}x"))
-        lines += _report_rest(res)
-    if "full_evaluation" in res:
-        f = res["full_evaluation"]
-        lines.append(f"one whole evaluation ({f['genome']}, {f['train_images']} train / {f['val_images']} val, "
-                     f"{f['steps']} steps): {f['seconds']:.1f} s")
-    return "\n".join(lines)
-
-
-def _report_rest(res: dict) -> list[str]:
-    lines = []
-    for mode, t in res["first_step_s"].items():
-        lines.append(f"new genome to first step, {mode}: {t['first_genome']:.2f} s (first in the process), "
-                     f"{t['new_genome']:.2f} s (a new one: {res['new_genome']})")
-    lines.append(f"one evaluation (extrapolated): {res['evaluation_s']:.1f} s = {res['extrapolation']}")
-    for row in res["concurrent"]:
-        if "error" in row:
-            lines.append(f"K={row['k']}: failed: {row['error']}")
-        else:
-            lines.append(f"K={row['k']}: {row['images_per_s']:.0f} images/s aggregate, "
-                         f"{row['evaluations_per_hour']:.1f} evaluations/hour "
-                         f"({row['evaluations_per_hour_incl_overhead']:.1f} with validation and set-up)")
-    return lines
 
 
 def main(argv=None) -> int:

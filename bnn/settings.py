@@ -66,15 +66,19 @@ ADAM_BETAS = (0.9, 0.999)
 #             Adam's fused kernel on CUDA;
 #   graphs    the same, but torch.compile's mode="reduce-overhead" (CUDA graphs) with the genome in
 #             the graph (an operator with a CPU argument is never captured): a new genome recompiles;
+#             with measure_impl "triton", the whole step (forward, loss, backward, Adam) captured once as
+#             one CUDA graph (bnn/train/graph_step.py) that replays every genome;
 #   auto      compiled on CUDA, eager on the CPU (inductor's C++ compile takes minutes there).
 STEPS = ("auto", "eager", "compiled", "graphs")
 # How a binary layer's measure runs in training (bnn/nn/layers.py set_measure_impl):
 #   fused  bnn/nn/measure_fused.py: one Numba pass forward and one backward, where it applies (float32
 #          counts on the CPU, outside torch.compile), eager elsewhere; TrainConfig's default;
-#   eager  torch operators, one pass over memory each, forward and backward.
-# The two agree to float32 rounding, not to the bit. A checkpoint, evidence protocol or search
+#   eager  torch operators, one pass over memory each, forward and backward;
+#   triton bnn/gpu's Triton kernels, the genome as data (one compiled graph and one CUDA graph for every
+#          genome): CUDA only (or Triton's interpreter on a CPU, for tests).
+# They agree to float32 rounding, not to the bit. A checkpoint, evidence protocol or search
 # journal written before the setting existed trained eager: MEASURE_IMPL_BEFORE, not the default.
-MEASURE_IMPLS = ("fused", "eager")
+MEASURE_IMPLS = ("fused", "eager", "triton")
 MEASURE_IMPL_BEFORE = "eager"
 
 T = TypeVar("T")

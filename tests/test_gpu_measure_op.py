@@ -1,11 +1,13 @@
 """bnn/gpu's custom operator (issue 37 item 2): layers routed through ``bnn_gpu::measure`` compute the eager
 layers' outputs and gradients, ``torch.library.opcheck`` passes, ``torch.compile`` traces one graph for 20
-genomes, and ``set_genome`` rewrites the genome in the tensors it already lives in.
+genomes, ``set_genome`` rewrites the genome in the tensors it already lives in, and a search worker's kept model
+reset for a new genome equals a fresh build in the same tensors.
 
 Runs under Triton's interpreter without a GPU (tests/test_gpu_measure_triton.py says why the sizes are small).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -152,3 +154,56 @@ def test_one_cuda_graph_replays_every_genome():
         set_genome(net, genome)
         graph.replay()
         _close(captured.detach().clone(), net(x).detach(), genome)
+
+
+def test_a_kept_model_reset_for_a_new_genome_is_a_fresh_build_in_the_same_tensors():
+    # What a search worker does between candidates under measure_impl triton (bnn/search/fitness.py Worker).
+    from bnn.data import load_dataset
+    from bnn.train import TrainConfig
+    from bnn.train.loop import build_training, reset_training
+
+    data = load_dataset("digits", None, None, 0, torch.device(DEVICE), train_size=8)
+    first = TrainConfig(measure="M1", measure_impl="eager", device=DEVICE, counts="laplace", seed=3)
+    _, model, opt, _ = build_training(first, data, torch.device(DEVICE), fused=True)
+    use_triton_measure(model)  # routed, its geometry not built yet: no kernel runs in this test
+    for p in model.parameters():  # as if trained: other parameters, and Adam's state
+        p.grad = torch.randn_like(p)
+    opt.step()
+    ptrs = [t.data_ptr() for t in model.state_dict().values()]
+    nxt = TrainConfig(measure="M6", measure_impl="triton", device=DEVICE, counts="laplace", seed=5, lr=1e-3)
+    gen = reset_training(nxt, data, model, opt)
+    want_gen, want, _, _ = build_training(dataclasses.replace(nxt, measure_impl="eager"), data, torch.device(DEVICE))
+    assert [t.data_ptr() for t in model.state_dict().values()] == ptrs
+    for (k, v), w in zip(model.state_dict().items(), want.state_dict().values()):
+        assert torch.equal(v, w), k
+    assert all(not t.any() for s in opt.state.values() for t in s.values())
+    assert opt.param_groups[0]["lr"] == 1e-3 and torch.equal(gen.get_state(), want_gen.get_state())
+    assert {str(m.genome) for m in model.modules() if hasattr(m, "_gpu_codes")} == {"3-0-3-0-0-10-6"}
+
+
+def test_the_routed_layers_and_the_kernels_launchers_read_no_value_on_the_host():
+    # What a CUDA graph's capture refuses (a value read on the host, a tensor made from host data), seen as the
+    # ops torch dispatches; inside the custom op too, by calling its launchers directly.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    host_ops = ("aten._local_scalar_dense", "aten.item", "aten.is_nonzero", "aten.lift_fresh", "aten.equal")
+    seen = []
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if str(func).startswith(host_ops):
+                seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    net = use_triton_measure(_net("M5", "laplace"))
+    x = torch.randn(2, 3, 6, 6).to(DEVICE)
+    net(x)  # the geometry and tables: built once, before any capture
+    args = [t.detach() if torch.is_tensor(t) else t for t in _op_args()]
+    with Spy():
+        net(x).sum().backward()
+        y = kernels.forward(*args[:8], args[-1])
+        kernels.backward(torch.ones_like(y), *args[:9], *args[9:])
+    assert seen == []
+    with Spy():
+        y.sum().item()
+    assert seen == ["aten._local_scalar_dense.default"]  # the spy sees one where there is one

@@ -56,8 +56,8 @@ def test_a_compiled_training_runs_full_batches_through_one_graph_with_the_measur
     real = train_loop.compiled_forward
     batches, models = [], []
 
-    def spy(model, kind):
-        forward = real(model, kind)
+    def spy(model, kind, *rest):
+        forward = real(model, kind, *rest)
         models.append(model)
 
         def counted(x):

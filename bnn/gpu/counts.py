@@ -18,30 +18,18 @@ comes back as the fourth result.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from ..nn.counts import compute_dtype, conv_may_be_inexact, half_plus_half, no_autocast
+from ..nn.counts import conv_may_be_inexact, no_autocast, window_sums_forward
 
 
 class _CountSums(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, stride, padding, dilation):
-        dtype = compute_dtype(x)
-        with no_autocast(x.device):
-            xb = half_plus_half(x.to(dtype))
-            wb = half_plus_half(w.to(dtype))
-            conv = dict(stride=stride, padding=padding, dilation=dilation)
-            a = F.conv2d(xb, wb, **conv)
-            ones_k = torch.ones((1, 1) + tuple(wb.shape[2:]), dtype=dtype, device=x.device)
-            mask = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=dtype, device=x.device)
-            xsum = xb.sum(1, keepdim=True)
-            wsum = wb.sum(1, keepdim=True)
-            px = F.conv2d(xsum, ones_k, **conv)
-            pw = F.conv2d(mask, wsum, **conv)
-            if conv_may_be_inexact(a):
-                px.round_()
-                pw.round_()
-        ctx.save_for_backward(xb, wb, xsum, ones_k, mask, wsum)
+        a, px, pw, saved = window_sums_forward(x, w, stride, padding, dilation)
+        if conv_may_be_inexact(a):
+            px.round_()
+            pw.round_()
+        ctx.save_for_backward(*saved)
         ctx.conv = (stride, padding, dilation)
         ctx.in_dtypes = (x.dtype, w.dtype)
         return a, px, pw

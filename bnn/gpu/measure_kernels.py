@@ -42,14 +42,14 @@ then the convention's backward (``grad / n``, ``grad / (n + 4)``), as bnn/layers
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from .require import interpreted
+
+INTERPRETED = interpreted()
 CONVENTION_CODES = {"raw": 0, "freq": 1, "laplace": 2}
 ALPHA, ALPHA_MUL, ALPHA_ADD, ZERO = 15, 16, 17, 1  # refimpl/operators.py's codes the kernels treat apart
 

@@ -131,6 +131,19 @@ def use_triton_measure(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def prime_geometry(model: torch.nn.Module, input_shape: tuple[int, ...]) -> torch.nn.Module:
+    """Build every routed layer's window geometry and tables for inputs of ``input_shape`` (C, H, W), before
+    torch.compile or a CUDA graph capture needs them: one forward of one zero image in eval mode without
+    gradients, which changes no parameter and no BatchNorm statistic. Returns ``model``."""
+    was_training = model.training
+    device = next(model.parameters()).device
+    model.eval()
+    with torch.no_grad():
+        model(torch.zeros((1, *input_shape), device=device))
+    model.train(was_training)
+    return model
+
+
 def set_genome(model: torch.nn.Module, genome, reset_alpha: bool = True) -> torch.nn.Module:
     """Give every binary layer of ``model`` (routed by ``use_triton_measure``) the genome ``genome``, in
     place: the codes, the unary tables and (``reset_alpha``) alpha's initial values are written into the

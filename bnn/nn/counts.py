@@ -112,23 +112,31 @@ def half_plus_half(t: torch.Tensor) -> torch.Tensor:
     return t.add(1.0).mul_(0.5)
 
 
+def window_sums_forward(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation) -> tuple:
+    """The forward both count convolutions share (this module's and bnn/gpu/counts.py's), autocast off:
+    ``(a, px, pw, saved)`` with ``saved = (xb, wb, xsum, ones_k, mask, wsum)``, what their backward reads."""
+    dtype = compute_dtype(x)
+    with no_autocast(x.device):
+        xb = half_plus_half(x.to(dtype))
+        wb = half_plus_half(w.to(dtype))
+        conv = dict(stride=stride, padding=padding, dilation=dilation)
+        a = F.conv2d(xb, wb, **conv)
+        ones_k = torch.ones((1, 1) + tuple(wb.shape[2:]), dtype=dtype, device=x.device)
+        mask = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=dtype, device=x.device)
+        xsum = xb.sum(1, keepdim=True)
+        wsum = wb.sum(1, keepdim=True)
+        px = F.conv2d(xsum, ones_k, **conv)
+        pw = F.conv2d(mask, wsum, **conv)
+    return a, px, pw, (xb, wb, xsum, ones_k, mask, wsum)
+
+
 class _CountsConv2d(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, stride, padding, dilation):
-        dtype = compute_dtype(x)
+        a, px, pw, saved = window_sums_forward(x, w, stride, padding, dilation)
+        ones_k, mask = saved[3], saved[4]
         with no_autocast(x.device):
-            xb = half_plus_half(x.to(dtype))
-            wb = half_plus_half(w.to(dtype))
-            kh, kw = wb.shape[2:]
-            conv = dict(stride=stride, padding=padding, dilation=dilation)
-            a = F.conv2d(xb, wb, **conv)
-            ones_k = torch.ones((1, 1, kh, kw), dtype=dtype, device=x.device)
-            mask = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=dtype, device=x.device)
-            xsum = xb.sum(1, keepdim=True)
-            wsum = wb.sum(1, keepdim=True)
-            px = F.conv2d(xsum, ones_k, **conv)
-            pw = F.conv2d(mask, wsum, **conv)
-            n = F.conv2d(mask, ones_k, **conv)
+            n = F.conv2d(mask, ones_k, stride=stride, padding=padding, dilation=dilation)
             if conv_may_be_inexact(a):
                 for t in (a, px, pw, n):
                     t.round_()
@@ -140,7 +148,7 @@ class _CountsConv2d(torch.autograd.Function):
             b = pw - a
             c = px - a
             d = n_minus_pw - c
-        ctx.save_for_backward(xb, wb, xsum, ones_k, mask, wsum)
+        ctx.save_for_backward(*saved)
         ctx.conv = (stride, padding, dilation)
         ctx.in_dtypes = (x.dtype, w.dtype)
         return a, b, c, d

@@ -333,6 +333,9 @@ class Worker:
         self.spec = parse_fitness_spec(fitness_spec)
         self.train = dict(train)
         self._data: dict = {}  # train_size -> the data set on the device (a ladder's rungs differ in it)
+        # Under --measure-impl triton: one model, optimizer and captured step per training setting, reset in
+        # place for each candidate (bnn.train.loop.reset_training), so a new genome compiles and captures nothing.
+        self._kept: dict = {}
 
     def run(self, job: dict) -> dict:
         """Never raises: an application error is a result with status "error"."""
@@ -381,6 +384,7 @@ class Worker:
             # A diverged step skips optimizer.step(); torch then warns about the scheduler order
             # on every such candidate, which says nothing about the search.
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
-            res = train_model(cfg, data=self._data[t.get("train_size")], reject_below=job.get("reject_below"), progress=False)
+            res = train_model(cfg, data=self._data[t.get("train_size")], reject_below=job.get("reject_below"), progress=False,
+                              keep=self._kept)
         d = res.to_dict() if hasattr(res, "to_dict") else dict(res.__dict__)
         return {k: d.get(k) for k in _RESULT_KEYS}

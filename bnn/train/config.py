@@ -14,6 +14,7 @@ from refimpl.cli import SEED_MAX
 from refimpl.genome import Genome
 
 from ..data import canonical_name, check_split_sizes, read_arrays
+from ..gpu.require import triton_problem
 from ..nn.layers import check_measure_grad_clip, check_measure_impl
 from ..nn.models import MODELS, check_counts, check_downsample
 from ..settings import PRESETS, STEPS, from_mapping
@@ -98,6 +99,8 @@ class TrainConfig:
             _check_int("train_size", self.train_size, 1)
         device = resolve_device(self.device, self.dataset)  # an unknown or absent device: one line, nothing run
         resolve_step(self, device)
+        if self.measure_impl == "triton" and triton_problem(device.type):
+            raise ValueError(triton_problem(device.type))
 
     def to_dict(self) -> dict:
         """The settings as JSON values (milestones as a list), as checkpoints and summaries record them."""

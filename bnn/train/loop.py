@@ -31,6 +31,7 @@ from .files import (
     start_fresh,
     write_metrics,
 )
+from .graph_step import GraphStep, graph_epoch
 
 EVAL_BATCH = 500  # images per evaluation forward pass; memory only, not accuracy
 # On CUDA the loss is checked for NaN/inf every this many steps, not every step: each check
@@ -86,12 +87,14 @@ def seed_everything(seed: int) -> torch.Generator:
 
 
 def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: float | None = None,
-                progress: bool = False, _stop_after_epoch: int | None = None) -> TrainResult:
+                progress: bool = False, _stop_after_epoch: int | None = None, keep: dict | None = None) -> TrainResult:
     """Train one model; never raises for a diverging measure (status "diverged").
 
     ``data``: a preloaded ``bnn.data.load_dataset(...)`` result to share across runs.
     ``reject_below``: after epoch 1, a validation accuracy below it stops the run ("rejected").
     ``_stop_after_epoch``: for tests, return after that epoch's checkpoint as if killed.
+    ``keep``: a dict a caller holds across runs (a search worker): under measure_impl "triton" the model,
+    its optimizer and its captured step are kept there and reset in place for the next genome.
     """
     t0 = time.perf_counter()
     cfg.validate()
@@ -107,9 +110,8 @@ def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: flo
             return finished_result(cfg, ckpt)  # reported, not retrained: no data needed
     data = _data_for(cfg, data, device)
     kind = resolve_step(cfg, device)
-    gen, model, optimizer, scheduler = build_training(cfg, data, device, fused=kind != "eager" and device.type == "cuda")
+    gen, model, optimizer, scheduler, forward = _training_for(cfg, data, device, kind, keep)
     history, start_epoch = _restore(cfg, ckpt, model, optimizer, scheduler, gen, metrics_path)
-    forward = compiled_forward(model, kind)
 
     status, test = "running", None
     wall_offset = history[-1]["wall_s"] if history else 0.0  # wall_s counts across resumes
@@ -178,10 +180,12 @@ def _data_for(cfg: TrainConfig, data: Dataset | None, device: torch.device) -> D
     return data
 
 
-def build_training(cfg: TrainConfig, data: Dataset, device: torch.device, fused: bool = False):
+def build_training(cfg: TrainConfig, data: Dataset, device: torch.device, fused: bool = False,
+                   capturable: bool = False):
     """(generator, model, optimizer, scheduler) of a run of ``cfg``, seeded as train_model seeds them
     (bnn.diagnose trains its first steps from the same)."""
-    # Seeds first: the model's initialization draws from them. fused: Adam's one-kernel CUDA step.
+    # Seeds first: the model's initialization draws from them. fused: Adam's one-kernel CUDA step;
+    # capturable: its step inside a CUDA graph.
     gen = seed_everything(cfg.seed)
     model = build_model(cfg.model, cfg.measure, data.num_classes, data.input_shape,
                         downsample=cfg.downsample, counts=cfg.counts).to(device)
@@ -189,9 +193,65 @@ def build_training(cfg: TrainConfig, data: Dataset, device: torch.device, fused:
     set_measure_impl(model, cfg.measure_impl)  # fused applies on float32 CPU counts outside torch.compile
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=ADAM_BETAS, **({"fused": True} if fused else {}))
-    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(cfg.milestones), gamma=cfg.gamma)
-    return gen, model, optimizer, scheduler
+    if cfg.measure_impl == "triton":
+        from ..gpu.measure_op import prime_geometry, use_triton_measure
+
+        prime_geometry(use_triton_measure(model), data.input_shape)
+    adam = {"fused": True, **({"capturable": True} if capturable else {})} if fused else {}
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=ADAM_BETAS, **adam)
+    return gen, model, optimizer, _scheduler(cfg, optimizer)
+
+
+def _scheduler(cfg: TrainConfig, optimizer) -> torch.optim.lr_scheduler.MultiStepLR:
+    return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(cfg.milestones), gamma=cfg.gamma)
+
+
+def _keep_key(cfg: TrainConfig) -> tuple:
+    # What a kept model, optimizer and captured step depend on; the genome, seed and schedule are reset in place.
+    return (cfg.model, cfg.dataset, cfg.downsample, cfg.counts, cfg.measure_grad_clip, cfg.batch_size,
+            cfg.device, cfg.step, cfg.compile)
+
+
+def _training_for(cfg: TrainConfig, data: Dataset, device: torch.device, kind: str, keep: dict | None):
+    """(generator, model, optimizer, scheduler, forward): built, or under measure_impl triton with ``keep``
+    the kept ones for this setting, reset in place to what a fresh build of ``cfg`` starts from."""
+    triton = cfg.measure_impl == "triton"
+    key = _keep_key(cfg) if keep is not None and triton else None
+    if key is not None and key in keep:
+        model, optimizer, forward = keep[key]
+        gen = reset_training(cfg, data, model, optimizer)
+        return gen, model, optimizer, _scheduler(cfg, optimizer), forward
+    graphs = kind == "graphs" and triton
+    gen, model, optimizer, scheduler = build_training(cfg, data, device, fused=kind != "eager" and device.type == "cuda",
+                                                      capturable=graphs)
+    if graphs:
+        forward = GraphStep(model, optimizer, cfg.batch_size, data.input_shape, device)
+    else:
+        forward = compiled_forward(model, kind, triton)
+    if key is not None:
+        keep[key] = (model, optimizer, forward)
+    return gen, model, optimizer, scheduler, forward
+
+
+def reset_training(cfg: TrainConfig, data: Dataset, model: torch.nn.Module, optimizer) -> torch.Generator:
+    """Put a kept model (routed by bnn.gpu) and its Adam back to a fresh run of ``cfg``, in place (the same
+    tensors, so compiled and captured graphs replay): the genome's codes and tables, the parameters and
+    BatchNorm statistics a fresh build draws from cfg.seed, Adam's state zeroed (as before its first
+    step), the lr cfg's. Returns the data generator, seeded as build_training seeds it."""
+    from ..gpu.measure_op import set_genome
+
+    gen = seed_everything(cfg.seed)
+    fresh = build_model(cfg.model, cfg.measure, data.num_classes, data.input_shape,
+                        downsample=cfg.downsample, counts=cfg.counts)  # the same draws as build_training's
+    set_genome(model, cfg.measure, reset_alpha=False)  # alpha comes with the fresh parameters
+    model.load_state_dict(fresh.state_dict())  # copy_ into the kept tensors
+    for state in optimizer.state.values():
+        for value in state.values():
+            if torch.is_tensor(value):
+                value.zero_()
+    for group in optimizer.param_groups:
+        group["lr"] = group["initial_lr"] = cfg.lr
+    return gen
 
 
 def _restore(cfg, ckpt, model, optimizer, scheduler, gen, metrics_path) -> tuple[list[dict], int]:
@@ -210,14 +270,16 @@ def _restore(cfg, ckpt, model, optimizer, scheduler, gen, metrics_path) -> tuple
     return history, int(ckpt["epoch"])
 
 
-def compiled_forward(model: torch.nn.Module, kind: str):
-    """What a training step calls for the step kind ``kind`` (bnn.train.config.STEPS)."""
+def compiled_forward(model: torch.nn.Module, kind: str, triton: bool = False):
+    """What a training step calls for the step kind ``kind`` (bnn.train.config.STEPS); ``triton``: the model's
+    binary layers run bnn/gpu's operator, which takes the genome as data already."""
     if kind == "eager":
         return model
     if kind == "compiled":
-        from ..nn.measure_op import use_measure_op
+        if not triton:
+            from ..nn.measure_op import use_measure_op
 
-        use_measure_op(model)  # the genome enters as a tensor: one compiled graph for every genome
+            use_measure_op(model)  # the genome enters as a tensor: one compiled graph for every genome
         return torch.compile(model, backend=COMPILE_BACKEND)
     return torch.compile(model, backend=COMPILE_BACKEND, mode="reduce-overhead")
 
@@ -233,11 +295,17 @@ def steps_per_epoch(images: int, batch_size: int, kind: str) -> int:
 
 def _train_steps(cfg, data, device, model, forward, optimizer, gen, epoch, progress, kind) -> dict:
     # One epoch's optimizer steps, stopped by the first non-finite loss (seen every step on the
-    # CPU, every CUDA_FINITE_CHECK_EVERY steps on CUDA).
+    # CPU, every CUDA_FINITE_CHECK_EVERY steps on CUDA; by the captured step itself: graph_step.py).
     model.train()
     t_epoch = time.perf_counter()
-    plan = data.epoch_plan(gen)
     steps = steps_per_epoch(len(data.train_y), cfg.batch_size, kind)
+    if isinstance(forward, GraphStep):  # the whole step replayed, no host check inside the epoch
+        bar = _progress(steps, f"epoch {epoch}/{cfg.epochs}", progress)
+        out = graph_epoch(forward, data, gen, steps, bar)
+        if bar is not None:
+            bar.close()
+        return {**out, "train_s": time.perf_counter() - t_epoch}
+    plan = data.epoch_plan(gen)
     check_every = CUDA_FINITE_CHECK_EVERY if device.type == "cuda" else 1
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
@@ -281,7 +349,7 @@ def _epoch_row(epoch: int, steps: dict, val_acc, lr: float, wall_s: float) -> di
         "train_loss": float("nan") if steps["diverged"] or not seen else steps["loss_sum"].item() / seen,
         "train_acc": steps["correct"].item() / seen if seen else 0.0,
         "val_acc": val_acc,
-        "lr": lr,
+        "lr": float(lr),
         "images_per_s": seen / train_s if train_s > 0 else None,
         "wall_s": wall_s,
         "status": "diverged" if steps["diverged"] else "ok",
