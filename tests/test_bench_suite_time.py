@@ -30,3 +30,17 @@ def test_a_tests_phases_are_summed_and_files_ranked():
     assert tests == [(pytest.approx(133.85), "tests/test_a.py::test_one"), (7.0, "verify/test_b.py::test_two[x-float32]"),
                      (0.75, "tests/test_a.py::test_three")]
     assert m.per_file(tests) == [(pytest.approx(134.6), 2, "tests/test_a.py"), (7.0, 1, "verify/test_b.py")]
+
+
+def test_compile_log_counts_outermost_compiles_once_and_processes_per_kernel(tmp_path):
+    spec = importlib.util.spec_from_file_location("compile_log_under_test", SCRIPT.parent / "compile_log.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"pid": 1, "kernel": "k.tile", "args": "", "s": 2.0, "depth": 1}\n'
+                   '{"pid": 1, "kernel": "k.outer", "args": "", "s": 5.0, "depth": 0}\n'
+                   '{"pid": 2, "kernel": "k.outer", "args": "", "s": 4.0, "depth": 0}\n'
+                   '{"pid": 2, "kernel": "k.ti')  # a process killed mid-line
+    total, rows = m.summarize(m.read_log(str(log)))
+    assert total == 9.0  # the callee's 2 s are inside its caller's 5 s
+    assert rows == [(9.0, 2, 2, "k.outer"), (0.0, 1, 1, "k.tile")]
