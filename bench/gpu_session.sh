@@ -111,10 +111,11 @@ else
   step env 30 bash -c env_report
   step tests 70 "$PY" -m pytest -q -p no:cacheprovider -W ignore::RuntimeWarning "${GT[@]}" \
     -k "opcheck or host or plain_loop or refuse"
-  step graphs 45 "$PY" "${BF[@]}" --device cpu --tiny --graphs --images 12 --warmup 1 --steps 1 --k none
-  step full 20 "$PY" "${BF[@]}" --device cpu --tiny --graphs --images 12 --counts laplace --full-genome M6 \
+  step graphs 45 "$PY" "${BF[@]}" --device cpu --tiny --model mnist_net --graphs --images 12 --warmup 1 --steps 1 --k none
+  step full 20 "$PY" "${BF[@]}" --device cpu --tiny --model mnist_net --graphs --images 12 --counts laplace \
+    --full-genome M6 \
     --full-only --full-epochs 1
-  step search 60 bash -c 'search_e2e "$@"' _ cpu --measure-impl eager --step eager --model nin --train-size 32 \
+  step search 60 bash -c 'search_e2e "$@"' _ cpu --measure-impl eager --step eager --model mnist_net --train-size 32 \
     --val-size 16 --batch-size 16 --population 2 --max-evaluations 3
 fi
 

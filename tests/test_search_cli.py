@@ -36,7 +36,7 @@ def test_help():
     (["--fitness", "synthetic:x"], "seed"),
     (["--resume", "/nonexistent/run"], "journal"),
     (["--reuse", "/nonexistent/run", "--fitness", "synthetic:1"], "journal"),
-    (["--measure-impl", "numba"], "invalid choice: 'numba' (choose from 'fused', 'eager')"),
+    (["--measure-impl", "numba"], "invalid choice: 'numba' (choose from 'fused', 'eager', 'triton')"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, words):
     # In process (main() is what __main__ calls): an exception escaping it would be the traceback.
