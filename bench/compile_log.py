@@ -32,22 +32,20 @@ if _LOG:
         from numba.core import event
 
         class _Listener(event.Listener):
-            depth = 0
-            starts = []
+            def __init__(self):
+                self.starts = []  # one entry per compile in progress: its depth is len(starts) - 1
 
             def on_start(self, ev):
                 self.starts.append(time.perf_counter())
-                type(self).depth += 1
 
             def on_end(self, ev):
-                type(self).depth -= 1
                 seconds = time.perf_counter() - self.starts.pop()
                 d = ev.data or {}
                 disp = d.get("dispatcher")
                 py = getattr(disp, "py_func", None)
                 name = f"{getattr(py, '__module__', '?')}.{getattr(py, '__qualname__', '?')}"
                 line = json.dumps({"pid": os.getpid(), "kernel": name, "args": str(d.get("args"))[:200],
-                                   "s": round(seconds, 4), "depth": type(self).depth})
+                                   "s": round(seconds, 4), "depth": len(self.starts)})
                 fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 try:
                     os.write(fd, (line + "\n").encode())

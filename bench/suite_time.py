@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import platform
 import re
 import resource
 import subprocess
@@ -23,18 +22,6 @@ import sys
 import time
 
 _DURATION = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)")
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else the platform's processor string."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def durations(lines) -> list[tuple[float, str]]:
@@ -68,6 +55,7 @@ def main(argv=None) -> int:
     cmd = [sys.executable, "-m", "pytest", "-n", args.workers, "--dist", "worksteal", "-q", "--durations=0",
            "-p", "no:cacheprovider", *args.paths]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from refimpl.info import cpu_model
     from refimpl.isa import host_path
 
     t0 = time.perf_counter()
