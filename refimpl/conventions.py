@@ -17,6 +17,7 @@ protocols, and a run resumed under another convention is refused.
 """
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 
 
@@ -61,3 +62,28 @@ def convert(name: str, x, n):
     against one): the integer constants of the formula stay weak scalars in both libraries, so
     float32 stays float32 and each step is one IEEE operation."""
     return _FUNCTIONS[check_counts(name)](x, n)
+
+
+def affine(name: str) -> tuple[int, int, int]:
+    """``(p, q, r)`` with the convention equal to ``(x + p) / (n * q + r)``, operation for operation in
+    IEEE arithmetic: generated kernels take the three as run-time numbers, so one compiled kernel
+    serves every convention. Each extra step is exact (``x + 0``, ``n * 1``, ``n * 0 + 1``, ``x / 1``)
+    and the one rounding is the formula's own division. ValueError for a formula of another shape."""
+    tree = ast.parse(BY_NAME[check_counts(name)].formula, mode="eval").body
+
+    def shifted(node, var):  # var, or var + k: k
+        if isinstance(node, ast.Name) and node.id == var:
+            return 0
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and isinstance(node.left, ast.Name) \
+                and node.left.id == var and isinstance(node.right, ast.Constant) and type(node.right.value) is int:
+            return node.right.value
+        return None
+
+    if shifted(tree, "x") is not None:
+        return shifted(tree, "x"), 0, 1
+    if isinstance(tree, ast.BinOp) and isinstance(tree.op, ast.Div):
+        p, r = shifted(tree.left, "x"), shifted(tree.right, "n")
+        if p is not None and r is not None:
+            return p, 1, r
+    raise ValueError(f"count convention {name!r}: {BY_NAME[name].formula!r} is not (x + p) / (n + r); "
+                     "the generated kernels take only that shape as run-time numbers")

@@ -99,3 +99,26 @@ def test_the_window_size_given_or_summed_gives_the_same_bits(n, x):
         summed = convert_counts(counts, a, rest, zero, zero)
         given_n = convert_counts(counts, a, rest, zero, zero, n=n)
         assert all(torch.equal(s, g) for s, g in zip(summed, given_n))
+
+
+@pytest.mark.parametrize("counts", NAMES)
+@settings(max_examples=40)
+@given(x=st.integers(0, 1 << 20), extra=st.integers(1, 1 << 20))
+def test_the_affine_numbers_the_kernels_take_convert_to_the_correctly_rounded_value(counts, x, extra):
+    # bnn/nn/measure_fused.py's kernels compute (x + p) / (n * q + r) in float32 with p, q, r from
+    # refimpl.conventions.affine, for every convention in one compiled module.
+    from refimpl.conventions import affine
+
+    n = x + extra  # a window holds at least one tap
+    p, q, r = (np.float32(v) for v in affine(counts))
+    got = (np.float32(x) + p) / (np.float32(n) * q + r)
+    assert got == np.float32(correctly_rounded(EXACT[counts](x, n), np.float32))
+
+
+def test_a_convention_of_another_shape_has_no_affine_numbers(monkeypatch):
+    from refimpl import conventions
+
+    odd = conventions.CountConvention("odd", "x / (n * n)", "not (x + p) / (n + r)")
+    monkeypatch.setitem(conventions.BY_NAME, "odd", odd)
+    with pytest.raises(ValueError, match=r"'odd': 'x / \(n \* n\)' is not \(x \+ p\) / \(n \+ r\)"):
+        conventions.affine("odd")

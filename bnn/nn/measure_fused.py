@@ -5,9 +5,11 @@ Eager torch evaluates a measure as one pass over memory per operator, forward an
 a count convention's conversion two more per count. With ``set_measure_impl(model, "fused")``
 (``bnn.train``'s ``--measure-impl fused``, the default of ``TrainConfig``) every binary layer whose
 counts are float32 CPU tensors, outside ``torch.compile``, runs two generated Numba kernels per
-genome and convention instead: the forward reads the four counts as counted once, converts them
-(``refimpl/conventions.py``: the formula's own operations, each exact or one IEEE division, so the
-converted counts are eager torch's to the bit) and writes the measure; the backward recomputes
+genome instead: the forward reads the four counts as counted once, converts them (every
+convention of ``refimpl/conventions.py`` is ``(x + p) / (n * q + r)``, its ``affine`` numbers
+taken at run time, so one compiled module serves all three; each step is exact but the formula's
+one IEEE division, so the converted counts are eager torch's to the bit) and writes the measure;
+the backward recomputes
 the forward per element and runs reverse-mode differentiation over the same expression, then
 ``--measure-grad-clip`` (NaN to 0, clamp) and the conversion's backward, writing the gradients
 of the counts (None for a count the measure ignores) and per-channel sums for alpha.
@@ -26,11 +28,17 @@ very statements the untabled kernels run: one row per window size under freq and
 converted count depends on ``n``, smaller at border pixels), one row under raw. glibc's scalar
 calls per element were slower than torch's vectorized ones (M5 fused untabled: 1.56x the
 baseline's step against 1.19x eager; docs/performance.md).
+
+Compile time: each kernel is a serial task over a range of (image, channel) rows, run in parallel
+by refimpl's ``run_tasks``, the engine's own scheme (refimpl/engine/task_call.py): a Numba
+parallel loop per genome compiled 2.5x longer than the serial task, and with one module per
+genome and convention these compiles were most of the test suite's cold time (docs/performance.md).
 """
 from __future__ import annotations
 
 import ast
 import math
+import threading
 import types
 
 import numba
@@ -39,11 +47,10 @@ import torch
 
 from refimpl.codegen.epilogue_template import sources_stamp
 from refimpl.codegen.measure_tables import split
-from refimpl.conventions import BY_NAME as CONVENTIONS
 from refimpl.conventions import DEFAULT as DEFAULT_COUNTS
-from refimpl.conventions import check_counts
+from refimpl.conventions import affine, check_counts
 from refimpl.engine.epilogue import compile_module
-from refimpl.formula import substitute
+from refimpl.engine.task_call import run_tasks, task_address
 from refimpl.genome import Genome
 
 _COUNTS = ("a", "b", "c", "d")
@@ -151,29 +158,36 @@ _CALL_GRADIENT = {
 }
 
 
-def _conversion(counts: str, count: str) -> tuple[list[str], list[str]]:
-    """(forward statements that set ``count`` from the raw count ``x_<count>`` and the window size
-    ``N``, reverse statements that set ``G_x_<count>`` from ``G_<count>``), under the convention
-    ``counts`` (refimpl/conventions.py): its formula's own operations, and the reverse as autograd
-    takes it (``x / n``: ``grad / n``; ``(x + 1) / (n + 4)``: ``grad / (n + 4)``; raw: ``grad``)."""
-    formula = ast.parse(CONVENTIONS[counts].formula, mode="eval").body
-    tree = substitute(formula, {"x": ast.Name(f"x_{count}"), "n": ast.Name("N")})
-    prog = _Program(tree, prefix=f"k{count}_")
-    if prog.root not in {name for name, _, _ in prog.nodes}:  # raw: the count itself
-        return [f"{count} = {prog.root}"], [f"G_x_{count} = G_{count}"]
-    reverse, _ = prog.reverse()
-    return prog.lines + [f"{count} = {prog.root}"], [f"G_{prog.root} = G_{count}"] + reverse
+# Every convention is (x + p) / (n * q + r) (refimpl.conventions.affine): the converted tasks take
+# p, q, r as run-time numbers CP, CQ, CR, so one compiled task serves freq and laplace (compiles were
+# the suite's cold time: docs/performance.md); DEN = N * CQ + CR per pixel, every step but the
+# division exact. Raw counts have tasks of their own without the conversion: its divisions per count
+# made raw training's measure 25-50% slower (docs/performance.md).
+_DENOMINATOR = "DEN = N * CQ + CR"
+_CONSTANTS = ["CP = cv[0]", "CQ = cv[1]", "CR = cv[2]"]
+VARIANTS = ("raw", "converted")
 
 
-def _table_builder(found, counts: str) -> list[str]:
-    # build(ns, out, dout): each one-count subtree k and its derivative (by the converted count) at
+def _conversion(count: str, raw: bool = False) -> tuple[list[str], list[str]]:
+    """(forward statement that sets ``count`` from the raw count ``x_<count>`` and ``DEN``, reverse
+    statement that sets ``G_x_<count>`` from ``G_<count>``): the convention's own operations, and the
+    reverse as autograd takes it (``x / n``: ``grad / n``; ``(x + 1) / (n + 4)``: ``grad / (n + 4)``;
+    ``raw``: the count and its gradient as they are)."""
+    if raw:
+        return [f"{count} = x_{count}"], [f"G_x_{count} = G_{count}"]
+    return [f"{count} = (x_{count} + CP) / DEN"], [f"G_x_{count} = G_{count} / DEN"]
+
+
+def _table_builder(found) -> list[str]:
+    # build(ns, cv, out, dout): each one-count subtree k and its derivative (by the converted count) at
     # every integer count x of a window of size ns[r]: out[k, r, x], dout[k, r, x].
-    lines = ["", "", "@jit", "def build(ns, out, dout):", "    for r in range(out.shape[1]):",
-             "        N = F(ns[r])", "        for x in range(out.shape[2]):"]
+    lines = ["", "", "@jit", "def build(ns, cv, out, dout):", *[f"    {line}" for line in _CONSTANTS],
+             "    for r in range(out.shape[1]):", "        N = F(ns[r])", f"        {_DENOMINATOR}",
+             "        for x in range(out.shape[2]):"]
     for k, (count, node) in enumerate(found):
         sub = _Program(node, prefix=f"t{k}_")
         reverse, _ = sub.reverse()
-        convert, _ = _conversion(counts, count)
+        convert, _ = _conversion(count)
         lines += [f"            x_{count} = F(x)", *[f"            {line}" for line in convert],
                   *[f"            {line}" for line in sub.lines],
                   f"            out[{k}, r, x] = {sub.root}", f"            G_{sub.root} = F(1.0)",
@@ -181,16 +195,15 @@ def _table_builder(found, counts: str) -> list[str]:
     return lines + (["            pass"] if not found else [])
 
 
-def _per_element(used: set, found: list, counts: str) -> dict:
+def _per_element(used: set, found: list, raw: bool) -> dict:
     """The kernels' statements per element around the measure's own: loads, table lookups and the
     conversion (``load_forward``, ``load_backward``), the tables' derivatives (``chain``), the clip
     and the conversion's reverse (``to_raw``); ``counts_used``: the counts the measure reads."""
     looked = [k for k in range(len(found)) if f"T{k}" in used]
     direct = [v for v in _COUNTS if v in used]  # counts the measure reads as values, not through a table
     counts_used = set(direct) | {found[k][0] for k in looked}
-    raw = counts == DEFAULT_COUNTS
     # Each pixel's window size N and its table row's offset ROW (one row per distinct size; raw: one row).
-    load = [] if raw else ["N = nsize[s]", *(["ROW = rows[s]"] if looked else [])]
+    load = [] if raw else ["N = nsize[s]", _DENOMINATOR, *(["ROW = rows[s]"] if looked else [])]
     load += [f"x_{v} = c{v}[i, o, s]" for v in _COUNTS if v in counts_used]
     load += [f"{al} = alpha[{k}, o]" for k, al in enumerate(_ALPHAS)]
     # 31-bit unsigned indices: 16-lane dword gathers (refimpl/codegen/epilogue_template.py's reason)
@@ -199,8 +212,8 @@ def _per_element(used: set, found: list, counts: str) -> dict:
                                                f"T{k} = tab[{k}, {index.format(k=k)}]")]
     # The converted counts: the forward needs those it reads as values, the backward every one whose
     # conversion it differentiates.
-    load_forward = load + [line for v in direct for line in _conversion(counts, v)[0]]
-    load_backward = load + [line for v in _COUNTS if v in counts_used for line in _conversion(counts, v)[0]]
+    load_forward = load + [line for v in direct for line in _conversion(v, raw)[0]]
+    load_backward = load + [line for v in _COUNTS if v in counts_used for line in _conversion(v, raw)[0]]
     chain, have = [], set(direct)
     for k in looked:
         count = found[k][0]
@@ -210,36 +223,34 @@ def _per_element(used: set, found: list, counts: str) -> dict:
     # bnn.train --measure-grad-clip: NaN -> 0, then clamped to [-LIMIT, LIMIT] (as layers.clip_measure_grad).
     clip = [f"G_{v} = (F(0.0) if G_{v} != G_{v} else min(max(G_{v}, -limit), limit)) if clip else G_{v}"
             for v in _COUNTS if v in counts_used]
-    to_raw = [line for v in _COUNTS if v in counts_used for line in _conversion(counts, v)[1]]
+    to_raw = [line for v in _COUNTS if v in counts_used for line in _conversion(v, raw)[1]]
     return {"counts_used": counts_used, "load_forward": load_forward, "load_backward": load_backward,
             "chain": chain, "clip": clip, "to_raw": to_raw}
 
 
-def generate(genome, counts: str = DEFAULT_COUNTS, tabled: bool = False) -> str:
+def generate(genome, tabled: bool = False) -> str:
     """The Numba module of ``genome``'s fused forward and backward on counts as counted, converted
-    in the kernels by the convention ``counts``; ``tabled``: the one-count subtrees (``a**3``,
-    ``erf(c)``...) and their derivatives looked up by the integer count in tables that ``build``
-    fills once per window size (refimpl/codegen/measure_tables.py), so the counts must be integers."""
+    in the kernels by the convention whose ``affine`` numbers they take (``cv``, float32 (3,));
+    ``tabled``: the one-count subtrees (``a**3``, ``erf(c)``...) and their derivatives looked up by
+    the integer count in tables that ``build`` fills once per window size and convention
+    (refimpl/codegen/measure_tables.py), so the counts must be integers."""
     g = Genome.parse(genome)
-    check_counts(counts)
     tree = ast.parse(ast.unparse(g.expression(list(_ALPHAS))), mode="eval").body
     found = split(tree)[1] if tabled else []
     if tabled:
         tree = split(tree)[0]
     prog = _Program(tree)
     reverse, used = prog.reverse()
-    st = _per_element(used, found, counts)
-    counts_used = st["counts_used"]
+    counts_used = _per_element(used, found, True)["counts_used"]
     root = prog.root if prog.root in {n for n, _, _ in prog.nodes} else f"F(0.0) + {prog.root}"
     head = [
-        f'"""GENERATED by bnn/nn/measure_fused.py for genome {g}, {counts} counts{", tabled" if tabled else ""}: do not edit.',
+        f'"""GENERATED by bnn/nn/measure_fused.py for genome {g}{", tabled" if tabled else ""}, every count convention: do not edit.',
         "",
         f"measure = {g.formula()}",
         '"""',
         "import math",
         "",
         "import numpy as np",
-        "from numba import prange",
         "",
         "from refimpl._jit import jit",
         "from refimpl._numba_ops import nan_max, nan_min",
@@ -247,88 +258,140 @@ def generate(genome, counts: str = DEFAULT_COUNTS, tabled: bool = False) -> str:
         "",
         "F = np.float32",
         f"USED = {tuple(sorted(counts_used | (used & set(_ALPHAS))))!r}  # the counts and alphas the measure reads",
-        f"COUNTS = {counts!r}",
         f"N_TABLES = {len(found)}",
         "INDEX_MASK = np.uint32(0x7FFFFFFF)",
-        *_table_builder(found, counts),
-        "",
-        "",
-        "@jit(parallel=True, loop_vectorize=True, noalias=True)",
-        "def forward(ca, cb, cc, cd, nsize, rows, alpha, tab, out):",
-        "    # c* (N, C, S) the counts as counted; nsize (S,) float32 the window sizes; rows (S,) uint32 the",
-        "    # table rows' offsets into tab (K, R * L).",
-        "    n_img, channels, size = ca.shape",
-        "    for r in prange(n_img * channels):",
-        "        i = r // channels",
-        "        o = r - i * channels",
-        "        for s in range(size):",
-        *[f"            {line}" for line in st["load_forward"] + prog.lines],
-        f"            out[i, o, s] = {root}",
+        *_table_builder(found),
     ]
-    grads = [f"            g{v}[i, o, s] = G_x_{v}" for v in _COUNTS if v in counts_used]
-    sums = [f"            acc{k} += G_{al}" for k, al in enumerate(_ALPHAS) if al in used]
-    body = [
-        "",
-        "",
-        "@jit(parallel=True, loop_vectorize=True, noalias=True)",
-        "def backward(grad, ca, cb, cc, cd, nsize, rows, alpha, tab, dtab, clip, limit, ga, gb, gc, gd, galpha):",
-        "    # g* the counts' gradients; galpha (N*C, 4): each row's sum of the alpha gradients, added up",
-        "    # per channel by the caller; clip (bool) and limit (float32): --measure-grad-clip.",
-        "    n_img, channels, size = ca.shape",
-        "    for r in prange(n_img * channels):",
-        "        i = r // channels",
-        "        o = r - i * channels",
-        *[f"        acc{k} = F(0.0)" for k in range(4)],
-        "        for s in range(size):",
-        *[f"            {line}" for line in st["load_backward"] + prog.lines],
-        f"            G_{prog.root} = grad[i, o, s]",
-        *[f"            {line}" for line in reverse + st["chain"] + st["clip"] + st["to_raw"]],
-        *grads,
-        *sums,
-        *[f"        galpha[r, {k}] = acc{k}" for k in range(4)],
-    ]
+    body = []
+    for variant in VARIANTS:
+        raw = variant == "raw"
+        st = _per_element(used, found, raw)
+        constants = [] if raw else [f"    {line}" for line in _CONSTANTS]
+        grads = [f"            g{v}[i, o, s] = G_x_{v}" for v in _COUNTS if v in counts_used]
+        sums = [f"            acc{k} += G_{al}" for k, al in enumerate(_ALPHAS) if al in used]
+        body += [
+            "",
+            "",
+            "@jit(loop_vectorize=True, noalias=True, no_cpython_wrapper=True)  # called by run_tasks only",
+            f"def forward_{variant}_task(first, last, ca, cb, cc, cd, nsize, rows, cv, alpha, tab, out):",
+            "    # Rows first .. last-1 of (image, channel). c* (N, C, S) the counts as counted; nsize (S,) float32",
+            "    # the window sizes; rows (S,) uint32 the table rows' offsets into tab (K, R * L); cv (3,) float32",
+            f"    # the convention's p, q, r{' (unused: raw counts)' if raw else ''}.",
+            "    n_img, channels, size = ca.shape",
+            *constants,
+            "    for r in range(first, last):",
+            "        i = r // channels",
+            "        o = r - i * channels",
+            "        for s in range(size):",
+            *[f"            {line}" for line in st["load_forward"] + prog.lines],
+            f"            out[i, o, s] = {root}",
+            "",
+            "",
+            "@jit(loop_vectorize=True, noalias=True, no_cpython_wrapper=True)  # called by run_tasks only",
+            f"def backward_{variant}_task(first, last, grad, ca, cb, cc, cd, nsize, rows, cv, alpha, tab, dtab, clip,",
+            "                  limit, ga, gb, gc, gd, galpha):",
+            "    # g* the counts' gradients; galpha (N*C, 4): each row's sum of the alpha gradients, added up",
+            "    # per channel by the caller; clip (bool) and limit (float32): --measure-grad-clip.",
+            "    n_img, channels, size = ca.shape",
+            *constants,
+            "    for r in range(first, last):",
+            "        i = r // channels",
+            "        o = r - i * channels",
+            *[f"        acc{k} = F(0.0)" for k in range(4)],
+            "        for s in range(size):",
+            *[f"            {line}" for line in st["load_backward"] + prog.lines],
+            f"            G_{prog.root} = grad[i, o, s]",
+            *[f"            {line}" for line in reverse + st["chain"] + st["clip"] + st["to_raw"]],
+            *grads,
+            *sums,
+            *[f"        galpha[r, {k}] = acc{k}" for k in range(4)],
+        ]
     return "\n".join(head + body) + "\n"
 
 
 _MODULES: dict[tuple, types.ModuleType] = {}
 _GEOMETRY: dict[tuple, tuple] = {}
+# The tasks' one signature each (refimpl.engine.task_call: an address is only valid for the types it
+# was compiled for, and further compiles are disabled, so other types raise).
+_C3 = "float32[:, :, ::1]"
+_SIGNATURES = {
+    "forward": f"void(i8, i8, {_C3}, {_C3}, {_C3}, {_C3}, float32[::1], uint32[::1], float32[::1], float32[:, ::1], "
+               f"float32[:, ::1], {_C3})",
+    "backward": f"void(i8, i8, {_C3}, {_C3}, {_C3}, {_C3}, {_C3}, float32[::1], uint32[::1], float32[::1], "
+                f"float32[:, ::1], float32[:, ::1], float32[:, ::1], boolean, float32, {_C3}, {_C3}, {_C3}, {_C3}, "
+                "float32[:, ::1])",
+}
+# Runs of rows per thread: a few, so that a thread that finishes early takes another.
+_PARTS_PER_THREAD = 4
+_COMPILE_LOCK = threading.Lock()
 
 
-def module(genome, counts: str = DEFAULT_COUNTS, tabled: bool = False):
-    """The compiled module of ``genome`` under ``counts`` (generated into the engine's epilogue cache folder)."""
+def module(genome, tabled: bool = False):
+    """The compiled module of ``genome``, for every count convention (generated into the engine's
+    epilogue cache folder)."""
     g = Genome.parse(genome)
-    key = (str(g), check_counts(counts), tabled)
+    key = (str(g), tabled)
     if key not in _MODULES:
         import hashlib
 
-        text = generate(g, counts, tabled)
+        text = generate(g, tabled)
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        kind = ("" if counts == DEFAULT_COUNTS else f"_{counts}") + ("_tabled" if tabled else "")
+        kind = "_tabled" if tabled else ""
         _MODULES[key] = compile_module(f"bnn_measure_fused_{key[0].replace('-', '_')}{kind}_{digest}", text)
     return _MODULES[key]
 
 
-def tables(mod, ns) -> tuple:
-    """(values, derivatives) (K, R, L) float32 of ``mod``'s one-count subtrees at the counts 0 .. L - 1
-    in windows of the sizes ``ns`` (R distinct integers, L = max(ns) + 1), as ``mod.build`` fills them."""
+def _task(mod, name: str) -> int:
+    """The address of ``mod``'s serial ``<name>_task`` (``forward_raw``...), compiled (or loaded from Numba's cache) on first
+    use for its one signature. The parallel loop over rows is refimpl's ``run_tasks``, compiled once
+    for every genome: a Numba parallel loop per genome cost 2.5x the compile of the serial task."""
+    tasks = mod.__dict__.setdefault("_TASKS", {})
+    if name not in tasks:
+        with _COMPILE_LOCK:
+            if name not in tasks:
+                tasks[name] = task_address(getattr(mod, f"{name}_task"), _SIGNATURES[name.split("_")[0]])
+    return tasks[name]
+
+
+def _run(mod, name: str, rows: int, *args) -> None:
+    threads = _threads()
+    run_tasks(_task(mod, name), _PARTS_PER_THREAD * threads, rows, *args)
+
+
+def _variant(cv) -> str:
+    # The raw tasks where the conversion is the identity (x + 0) / (n * 0 + 1).
+    return "raw" if tuple(cv) == (0, 0, 1) else "converted"
+
+
+def convention_numbers(counts: str) -> np.ndarray:
+    """The kernels' ``cv``: the convention's ``(p, q, r)`` (refimpl.conventions.affine) as float32."""
+    return np.array(affine(counts), dtype=np.float32)
+
+
+def tables(mod, ns, counts: str = DEFAULT_COUNTS) -> tuple:
+    """(values, derivatives) (K, R, L) float32 of ``mod``'s one-count subtrees at the counts 0 .. L - 1,
+    converted by ``counts``, in windows of the sizes ``ns`` (R distinct integers, L = max(ns) + 1), as
+    ``mod.build`` fills them."""
     ns = np.asarray(ns, dtype=np.int64).reshape(-1)
     shape = (max(1, mod.N_TABLES), ns.shape[0], int(ns.max()) + 1)
     out, dout = np.empty(shape, dtype=np.float32), np.empty(shape, dtype=np.float32)
-    mod.build(ns, out, dout)
+    mod.build(ns, convention_numbers(counts), out, dout)
     return out, dout
 
 
-def _geometry(mod, n, size: int) -> tuple:
-    """(nsize (S,) float32, rows (S,) uint32, tab, dtab (K, R * L)): what the kernels take for counts of
-    S positions in windows of sizes ``n`` (an int, or a tensor broadcastable to (1, 1, spatial...)),
-    built once per module and window sizes. Raw counts need a size only for their tables: one row of
-    ``max(n) + 1`` entries, which do not depend on a window's size."""
+def _geometry(mod, counts: str, n, size: int) -> tuple:
+    """(nsize (S,) float32, rows (S,) uint32, cv (3,), tab, dtab (K, R * L)): what the kernels take for
+    counts of S positions in windows of sizes ``n`` (an int, or a tensor broadcastable to (1, 1,
+    spatial...)) under the convention ``counts``, built once per module, convention and window sizes.
+    Raw counts need a size only for their tables: one row of ``max(n) + 1`` entries, which do not
+    depend on a window's size."""
     if n is None:
         values = np.zeros(1, dtype=np.float32)
     else:
         values = (n.detach().cpu().numpy() if isinstance(n, torch.Tensor) else np.asarray(n)).astype(np.float32)
-    key = (mod.__name__, values.shape, values.tobytes(), size)
+    key = (mod.__name__, counts, values.shape, values.tobytes(), size)
     if key not in _GEOMETRY:
+        cv = convention_numbers(counts)
         nsize = np.ascontiguousarray(np.broadcast_to(values.reshape(-1), (size,)) if values.size == 1
                                      else values.reshape(-1))
         if nsize.shape[0] != size:
@@ -339,14 +402,14 @@ def _geometry(mod, n, size: int) -> tuple:
         else:
             if n is None:
                 raise ValueError("the tabled kernels need the window sizes n (they bound the counts)")
-            if mod.COUNTS == DEFAULT_COUNTS:
+            if cv[1] == 0:  # the converted count does not depend on n (raw)
                 ns = np.array([int(nsize.max())])
             else:
                 ns, inverse = np.unique(nsize, return_inverse=True)
                 rows = (inverse.reshape(-1) * (int(ns.max()) + 1)).astype(np.uint32)
-            out, dout = tables(mod, ns.astype(np.int64))
+            out, dout = tables(mod, ns.astype(np.int64), counts)
             tab, dtab = (np.ascontiguousarray(t.reshape(t.shape[0], -1)) for t in (out, dout))
-        _GEOMETRY[key] = (nsize, rows, tab, dtab)
+        _GEOMETRY[key] = (nsize, rows, cv, tab, dtab)
     return _GEOMETRY[key]
 
 
@@ -357,9 +420,8 @@ class _FusedMeasure(torch.autograd.Function):
         views = [t.detach().contiguous().view(n, ch, -1) for t in (a, b, c, d)]
         al = alpha.detach().contiguous()
         out = torch.empty_like(views[0])
-        _threads()
-        nsize, rows, tab, _ = geometry
-        mod.forward(*(v.numpy() for v in views), nsize, rows, al.numpy(), tab, out.numpy())
+        nsize, rows, cv, tab, _ = geometry
+        _run(mod, f"forward_{_variant(cv)}", n * ch, *(v.numpy() for v in views), nsize, rows, cv, al.numpy(), tab, out.numpy())
         ctx.mod, ctx.geometry, ctx.limit, ctx.shape = mod, geometry, limit, a.shape
         ctx.save_for_backward(*views, al)
         return out.view(a.shape)
@@ -373,13 +435,12 @@ class _FusedMeasure(torch.autograd.Function):
         g = grad.contiguous().view(views[0].shape)
         outs = [torch.empty_like(views[0]) if v in mod.USED else _NONE for v in _COUNTS]
         galpha = torch.empty((n * ch, 4), dtype=torch.float32)
-        _threads()
-        nsize, rows, tab, dtab = ctx.geometry
+        nsize, rows, cv, tab, dtab = ctx.geometry
         clip = ctx.limit is not None
         # torch.nan_to_num sends +-inf to the largest finite float32 before the clamp: a limit above it is that.
         limit = np.float32(min(float(ctx.limit), float(np.finfo(np.float32).max)) if clip else 0.0)
-        mod.backward(g.numpy(), *(v.numpy() for v in views), nsize, rows, al.numpy(), tab, dtab, clip, limit,
-                     *(o.numpy() for o in outs), galpha.numpy())
+        _run(mod, f"backward_{_variant(cv)}", n * ch, g.numpy(), *(v.numpy() for v in views), nsize, rows, cv, al.numpy(), tab, dtab,
+             clip, limit, *(o.numpy() for o in outs), galpha.numpy())
         counts = [o.view(ctx.shape) if v in mod.USED else None for o, v in zip(outs, _COUNTS)]
         alpha_grad = galpha.view(n, ch, 4).sum(0).t().contiguous() if set(_ALPHAS) & set(mod.USED) else None
         return (None, None, None, *counts, alpha_grad)
@@ -392,19 +453,22 @@ def apply(genome, a, b, c, d, alpha, counts: str = DEFAULT_COUNTS, n=None, table
     spatial shape; needed by freq and laplace, and by ``tabled``, whose counts must be integers in
     [0, n]); ``clip``: the gradients reaching the converted counts with NaN as 0 and clamped to
     [-clip, clip] (bnn.nn.layers.clip_measure_grad), None: as they are."""
-    mod = module(genome, counts, tabled)
+    check_counts(counts)
     if n is None and counts != DEFAULT_COUNTS:
         raise ValueError(f"{counts} counts need the window sizes n")
+    mod = module(genome, tabled)
     size = a[0, 0].numel() if a.dim() >= 2 else 1
-    return _FusedMeasure.apply(mod, _geometry(mod, n, size), clip, a, b, c, d, alpha)
+    return _FusedMeasure.apply(mod, _geometry(mod, counts, n, size), clip, a, b, c, d, alpha)
 
 
 _NONE = torch.empty((1, 1, 1), dtype=torch.float32)
 
 
-def _threads():
+def _threads() -> int:
     # Numba's pool as wide as torch's, so the two do not oversubscribe the cores.
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(threads)
+    return threads
 
 
 def fused_applies(a, alpha) -> bool:

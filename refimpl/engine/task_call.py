@@ -19,8 +19,11 @@ further compiles, so arguments of other types raise instead of reaching a mismat
 """
 from __future__ import annotations
 
-from numba import types
+import numpy as np
+from numba import prange, types
 from numba.extending import intrinsic
+
+from .._jit import jit
 
 
 @intrinsic
@@ -47,3 +50,24 @@ def native_address(dispatcher) -> int:
     Python or C wrapper): what ``call_task`` calls."""
     (result,) = dispatcher.overloads.values()
     return result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
+
+
+def task_address(dispatcher, signature: str) -> int:
+    """``dispatcher`` (a serial task, ``first, last`` then its arguments) compiled, or loaded from
+    Numba's cache, for its one ``signature``, further compiles disabled, and the address ``run_tasks``
+    calls. The caller serialises calls for one dispatcher (a lock), as Numba's compile is not."""
+    if not dispatcher.signatures:
+        dispatcher.compile(signature)
+        dispatcher.disable_compile()
+    return native_address(dispatcher)
+
+
+@jit(parallel=True)
+def run_tasks(task, parts, n_tasks, *args):
+    """Tasks ``0 .. n_tasks-1`` of the serial task at ``task`` (``task_address``), in ``parts`` equal
+    runs over Numba's threads, each run one call ``task(first, last, *args)``: one parallel loop,
+    compiled once per argument types for every genome, where a parallel loop per genome compiled its
+    body three times (module docstring)."""
+    parts = max(1, min(n_tasks, parts))
+    for part in prange(parts):
+        call_task(task, np.int64(n_tasks * part // parts), np.int64(n_tasks * (part + 1) // parts), *args)
