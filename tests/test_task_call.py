@@ -7,7 +7,7 @@ import pytest
 
 from refimpl.engine import _drivers, epilogue
 from refimpl.engine.plan import measure_tables
-from refimpl.engine.task_call import call_task, native_address
+from refimpl.engine.task_call import call_task, native_address, run_tasks, task_address
 
 _SIGNATURE = "void(i8, i8, f4[::1], f4[::1])"
 
@@ -29,6 +29,28 @@ def test_call_task_runs_the_compiled_code_at_the_address_on_every_part():
     y = np.full(12, -1, np.float32)
     _drive(native_address(_double), x, y)
     np.testing.assert_array_equal(y, 2 * x)
+
+
+@numba.njit
+def _count_visits(first, last, visits):
+    for i in range(first, last):
+        visits[i] += 1
+
+
+@pytest.mark.parametrize("n_tasks, parts", [(1, 1), (7, 3), (12, 4), (5, 64), (1000, 8)])
+def test_run_tasks_runs_every_task_once_in_any_number_of_parts(n_tasks, parts):
+    # The training measure's kernels (bnn/nn/measure_fused.py) go through run_tasks: each task,
+    # once, whatever the split (more parts than tasks included).
+    address = task_address(_count_visits, "void(i8, i8, i8[::1])")
+    visits = np.zeros(n_tasks, np.int64)
+    run_tasks(address, parts, n_tasks, visits)
+    np.testing.assert_array_equal(visits, np.ones(n_tasks, np.int64))
+
+
+def test_task_address_disables_further_compiles():
+    task_address(_count_visits, "void(i8, i8, i8[::1])")
+    with pytest.raises(TypeError):
+        _count_visits(0, 1, np.zeros(1, np.float32))
 
 
 def _run_epilogue(genome, a, px, pw, n):

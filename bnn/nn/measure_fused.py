@@ -289,7 +289,7 @@ def generate(genome, tabled: bool = False) -> str:
             "",
             "@jit(loop_vectorize=True, noalias=True, no_cpython_wrapper=True)  # called by run_tasks only",
             f"def backward_{variant}_task(first, last, grad, ca, cb, cc, cd, nsize, rows, cv, alpha, tab, dtab, clip,",
-            "                  limit, ga, gb, gc, gd, galpha):",
+            f"{' ' * len(f'def backward_{variant}_task(')}limit, ga, gb, gc, gd, galpha):",
             "    # g* the counts' gradients; galpha (N*C, 4): each row's sum of the alpha gradients, added up",
             "    # per channel by the caller; clip (bool) and limit (float32): --measure-grad-clip.",
             "    n_img, channels, size = ca.shape",
