@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from refimpl.cli import OneLineParser, positive_int
+
 SITECUSTOMIZE = r'''
 import os, sys
 _LOG = os.environ.get("BNN_COMPILE_LOG")
@@ -105,9 +107,9 @@ def summarize(records: list[dict]) -> tuple[float, list[tuple[float, int, int, s
 
 def main(argv=None) -> int:
     """Run the command under the listener (unless --report-only), then print the summary."""
-    p = argparse.ArgumentParser(prog="bench/compile_log.py", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="bench/compile_log.py", description=__doc__.splitlines()[0])
     p.add_argument("--log", required=True, help="the JSON-lines log to append to (and read)")
-    p.add_argument("--top", type=int, default=30, help="kernels to list (default 30)")
+    p.add_argument("--top", type=positive_int, default=30, help="kernels to list (default 30)")
     p.add_argument("--report-only", action="store_true", help="only summarize an existing log")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     args = p.parse_args(argv)
@@ -124,6 +126,8 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             rc = subprocess.run(command, env=env).returncode
             wall = time.perf_counter() - t0
+    if not os.path.isfile(args.log):
+        p.error(f"--log {args.log}: no such log" + ("" if args.report_only else " (the command compiled nothing)"))
     records = read_log(args.log)
     total, rows = summarize(records)
     from refimpl.isa import host_path

@@ -12,7 +12,6 @@ this in each, back to back on an otherwise idle machine (docs/performance.md, th
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import re
@@ -20,6 +19,8 @@ import resource
 import subprocess
 import sys
 import time
+
+from refimpl.cli import OneLineParser, positive_int
 
 _DURATION = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)")
 
@@ -47,8 +48,8 @@ def per_file(tests: list[tuple[float, str]]) -> list[tuple[float, int, str]]:
 
 def main(argv=None) -> int:
     """Run the suite once and print where its time went; pytest's exit status."""
-    p = argparse.ArgumentParser(prog="bench/suite_time.py", description=__doc__.splitlines()[0])
-    p.add_argument("--top", type=int, default=20, help="files and tests to list (default 20)")
+    p = OneLineParser(prog="bench/suite_time.py", description=__doc__.splitlines()[0])
+    p.add_argument("--top", type=positive_int, default=20, help="files and tests to list (default 20)")
     p.add_argument("--workers", default="auto", help="pytest-xdist workers (default auto: one per core)")
     p.add_argument("paths", nargs="*", default=["tests", "verify"], help="what to run (default: tests verify)")
     args = p.parse_args(argv)

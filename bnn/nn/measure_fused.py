@@ -342,8 +342,8 @@ def module(genome, tabled: bool = False):
 
 
 def _task(mod, name: str) -> int:
-    """The address of ``mod``'s serial ``<name>_task`` (``forward_raw``...), compiled (or loaded from Numba's cache) on first
-    use for its one signature. The parallel loop over rows is refimpl's ``run_tasks``, compiled once
+    """The address of ``mod``'s serial ``<name>_task`` (``forward_raw``...), compiled (or loaded from
+    Numba's cache) on first use for its one signature. The parallel loop over rows is refimpl's ``run_tasks``, compiled once
     for every genome: a Numba parallel loop per genome cost 2.5x the compile of the serial task."""
     tasks = mod.__dict__.setdefault("_TASKS", {})
     if name not in tasks:
@@ -356,11 +356,6 @@ def _task(mod, name: str) -> int:
 def _run(mod, name: str, rows: int, *args) -> None:
     threads = _threads()
     run_tasks(_task(mod, name), _PARTS_PER_THREAD * threads, rows, *args)
-
-
-def _variant(cv) -> str:
-    # The raw tasks where the conversion is the identity (x + 0) / (n * 0 + 1).
-    return "raw" if tuple(cv) == (0, 0, 1) else "converted"
 
 
 def convention_numbers(counts: str) -> np.ndarray:
@@ -380,11 +375,12 @@ def tables(mod, ns, counts: str = DEFAULT_COUNTS) -> tuple:
 
 
 def _geometry(mod, counts: str, n, size: int) -> tuple:
-    """(nsize (S,) float32, rows (S,) uint32, cv (3,), tab, dtab (K, R * L)): what the kernels take for
+    """(nsize (S,) float32, rows (S,) uint32, cv (3,), tab, dtab (K, R * L), variant): what the kernels take for
     counts of S positions in windows of sizes ``n`` (an int, or a tensor broadcastable to (1, 1,
     spatial...)) under the convention ``counts``, built once per module, convention and window sizes.
     Raw counts need a size only for their tables: one row of ``max(n) + 1`` entries, which do not
-    depend on a window's size."""
+    depend on a window's size. ``variant``: the tasks' (``VARIANTS``), raw where the conversion is the
+    identity ``(x + 0) / (n * 0 + 1)``."""
     if n is None:
         values = np.zeros(1, dtype=np.float32)
     else:
@@ -409,7 +405,8 @@ def _geometry(mod, counts: str, n, size: int) -> tuple:
                 rows = (inverse.reshape(-1) * (int(ns.max()) + 1)).astype(np.uint32)
             out, dout = tables(mod, ns.astype(np.int64), counts)
             tab, dtab = (np.ascontiguousarray(t.reshape(t.shape[0], -1)) for t in (out, dout))
-        _GEOMETRY[key] = (nsize, rows, cv, tab, dtab)
+        variant = "raw" if affine(counts) == (0, 0, 1) else "converted"
+        _GEOMETRY[key] = (nsize, rows, cv, tab, dtab, variant)
     return _GEOMETRY[key]
 
 
@@ -420,8 +417,8 @@ class _FusedMeasure(torch.autograd.Function):
         views = [t.detach().contiguous().view(n, ch, -1) for t in (a, b, c, d)]
         al = alpha.detach().contiguous()
         out = torch.empty_like(views[0])
-        nsize, rows, cv, tab, _ = geometry
-        _run(mod, f"forward_{_variant(cv)}", n * ch, *(v.numpy() for v in views), nsize, rows, cv, al.numpy(), tab, out.numpy())
+        nsize, rows, cv, tab, _, variant = geometry
+        _run(mod, f"forward_{variant}", n * ch, *(v.numpy() for v in views), nsize, rows, cv, al.numpy(), tab, out.numpy())
         ctx.mod, ctx.geometry, ctx.limit, ctx.shape = mod, geometry, limit, a.shape
         ctx.save_for_backward(*views, al)
         return out.view(a.shape)
@@ -435,11 +432,11 @@ class _FusedMeasure(torch.autograd.Function):
         g = grad.contiguous().view(views[0].shape)
         outs = [torch.empty_like(views[0]) if v in mod.USED else _NONE for v in _COUNTS]
         galpha = torch.empty((n * ch, 4), dtype=torch.float32)
-        nsize, rows, cv, tab, dtab = ctx.geometry
+        nsize, rows, cv, tab, dtab, variant = ctx.geometry
         clip = ctx.limit is not None
         # torch.nan_to_num sends +-inf to the largest finite float32 before the clamp: a limit above it is that.
         limit = np.float32(min(float(ctx.limit), float(np.finfo(np.float32).max)) if clip else 0.0)
-        _run(mod, f"backward_{_variant(cv)}", n * ch, g.numpy(), *(v.numpy() for v in views), nsize, rows, cv, al.numpy(), tab, dtab,
+        _run(mod, f"backward_{variant}", n * ch, g.numpy(), *(v.numpy() for v in views), nsize, rows, cv, al.numpy(), tab, dtab,
              clip, limit, *(o.numpy() for o in outs), galpha.numpy())
         counts = [o.view(ctx.shape) if v in mod.USED else None for o, v in zip(outs, _COUNTS)]
         alpha_grad = galpha.view(n, ch, 4).sum(0).t().contiguous() if set(_ALPHAS) & set(mod.USED) else None
