@@ -14,10 +14,13 @@
 #           kernels against refimpl and eager autograd, one graph for 20 genomes, the captured step replayed
 #   graphs  bench_fitness.py --triton --graphs: binary and float ResNet-18 under the same step (the whole
 #           step one CUDA graph), K = 1 and 4, a new genome on the kept model to its first step
-#   full    one whole 15-epoch evaluation of M6 under laplace (a measure that trains) in a fresh process
+#   full    one whole 15-epoch evaluation of M6 under laplace (a measure that trains), timed as a search
+#           worker's later candidate: from set_genome on a model whose first genome already stepped
 #   search  python -m bnn.search on CIFAR-shaped data (random files in CIFAR-10's format when $BNN_DATA_DIR
 #           has no CIFAR-10): it journals, is killed (SIGKILL) after its first result, resumes, prints its
 #           leaderboard
+#   profile bench/profile_step.py: the captured step's wall time against its kernels' time, and the kernels
+#           that take it (binary M6 under laplace, float)
 # then $OUT/summary.txt (and summary.json): each step's exit status and time, the numbers, and the
 # issue's targets checked. Exit status 0 when every step ran and exited 0.
 set -u
@@ -100,9 +103,10 @@ if [ "$mode" = gpu ]; then
   step env 30 bash -c env_report
   step tests 150 "$PY" -m pytest -q -p no:cacheprovider -W ignore::RuntimeWarning "${GT[@]}"
   step graphs 130 "$PY" "${BF[@]}" --device cuda --triton --graphs --k 1,4
-  step full 90 "$PY" "${BF[@]}" --device cuda --triton --graphs --counts laplace --full-genome M6 --full-only
+  step full 120 "$PY" "${BF[@]}" --device cuda --triton --graphs --counts laplace --full-genome M6 --full-only
   step search 100 bash -c 'search_e2e "$@"' _ cuda --measure-impl triton --step graphs --train-size 5000 \
     --val-size 1000 --population 3 --max-evaluations 5
+  step profile 75 "$PY" bench/profile_step.py --device cuda --networks M6:laplace,float --top 12
 else
   # Triton's interpreter runs the tests (a few of them: it is slow); a ResNet-18 under it would take hours, so
   # the benches time the same step (GraphStep, uncaptured on a CPU) with the eager measure, and the search
@@ -117,6 +121,7 @@ else
     --full-only --full-epochs 1
   step search 60 bash -c 'search_e2e "$@"' _ cpu --measure-impl eager --step eager --model mnist_net --train-size 32 \
     --val-size 16 --batch-size 16 --population 2 --max-evaluations 3
+  step profile 30 "$PY" bench/profile_step.py --device cpu --tiny --networks M6:laplace,float --top 5
 fi
 
 "$PY" - "$OUT" "$mode" <<'EOF' | tee "$OUT/summary.txt"
@@ -161,7 +166,10 @@ if graphs.get("binary_images_per_s"):
               f"{k['evaluations_per_hour_incl_overhead']:.1f} evaluations/h with validation and set-up"))
 if whole:
     print(f"full: {whole['genome']} {whole['seconds']:.1f} s for {whole['epochs_done']} of {whole['epochs']} epochs "
-          f"({whole['steps']} steps), last val acc {whole['last_val_acc']}")
+          f"({whole['steps']} steps), last val acc {whole['last_val_acc']}; clock {whole.get('clock', '?')}")
+for line in text("profile").splitlines():
+    if line.startswith("== "):
+        print("profile: " + line[3:])
 tests_tail = (text("tests").strip().splitlines() or [""])[-1]
 search = text("search")
 rates = [k["evaluations_per_hour_incl_overhead"] for k in graphs.get("concurrent", []) if "error" not in k]

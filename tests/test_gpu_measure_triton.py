@@ -247,3 +247,26 @@ def test_gradients_match_eager_autograd(counts, clip):
         for name, g, w in zip(("a", "px", "pw", "alpha"), got, want):
             torch.testing.assert_close(g.cpu(), w.reshape(g.shape), rtol=1e-5, atol=1e-5 * float(w.abs().nan_to_num(0, 0, 0).max()),
                                        equal_nan=True, msg=lambda m, name=name, genome=genome: f"{genome} d{name}: {m}")
+
+
+def test_launch_tiles_on_a_gpu(monkeypatch):
+    # The GPU launch shapes, computed by hand (the interpreter itself always takes one program per launch).
+    monkeypatch.setattr(kernels, "INTERPRETED", False)
+    t = kernels.Tiling(elements=256, max_pixels=16, warps=4)
+    assert kernels._tiles(64, 1024, 128, 16, t) == (16, 16, 16)  # 16 channels x 16 pixels, 16 images
+    assert kernels._tiles(512, 16, 128, 16, t) == (16, 16, 16)
+    assert kernels._tiles(3, 5, 2, 16, t) == (4, 8, 2)  # powers of two covering the tensor, images <= N
+    assert kernels._tiles(64, 1024, 128, 16, kernels.Tiling(2048, 128, 4)) == (16, 128, 16)
+    assert kernels._tiles(1024, 4096, 8, 16, kernels.Tiling(8192, 64, 4)) == (64, 64, 8)  # BO at most 64
+    # Aiming for 2048 programs: 1 x 32 tiles an image, so 128 * 32 // 2048 = 2 images a program.
+    assert kernels._tiles(512, 16, 128, 16, kernels.Tiling(256, 16, 4, programs=2048)) == (16, 16, 2)
+    assert kernels._tiles(512, 16, 4, 16, kernels.Tiling(256, 16, 4, programs=2048)) == (16, 16, 1)
+
+
+def test_offsets_widen_to_int64_only_for_huge_tensors():
+    meta = dict(device="meta", dtype=torch.float32)
+    assert not kernels._wide_offsets(torch.empty(128, 512, 32, 32, **meta))
+    assert kernels._wide_offsets(torch.empty(1024, 1024, 32, 32, **meta))  # 2**30 elements
+    # A view spans its strides' reach, not only its elements.
+    assert kernels._wide_offsets(torch.empty(2, 2**30, **meta)[:, :1])
+    assert not kernels._wide_offsets(torch.empty(0, 64, **meta))

@@ -42,6 +42,8 @@ then the convention's backward (``grad / n``, ``grad / (n + 4)``), as bnn/layers
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -66,6 +68,16 @@ def _sum(x, axis: tl.constexpr):
     # only if triton was imported with TRITON_INTERPRET=1 already set, and torch._dynamo imports triton.
     # tl.sum's own reduction, through the builtin tl.reduce: the interpreter maps it to np.sum.
     return tl.reduce(x, axis, tl.standard._sum_combine)
+
+
+@_device
+def _wide(x, I64: tl.constexpr):
+    # Tensor offsets in int64 only for tensors of 2**30 elements or more (the launchers decide): int32
+    # arithmetic takes half the registers, and the backward kernel is bound by them.
+    if I64:
+        return x.to(tl.int64)
+    else:
+        return x
 
 
 @_device
@@ -222,27 +234,27 @@ def _counts(a_ptr, px_ptr, pw_ptr, nsz_ptr, rows_ptr, n, o, p, mo, mp, m, W, P, 
     px = tl.load(px_ptr + n * P + p, mask=mp, other=0.0)[None, :]
     pw = tl.load(pw_ptr + o[:, None] * P + p[None, :], mask=m, other=0.0)
     nsz = tl.load(nsz_ptr + p, mask=mp, other=0.0)[None, :]
-    row = tl.load(rows_ptr + p, mask=mp, other=0).to(tl.int64)[None, :]
+    row = tl.load(rows_ptr + p, mask=mp, other=0)[None, :]
     b = pw - a
     c = px - a
     d = (nsz - pw) - c
     hi = L - 1
-    ia = row + tl.minimum(tl.maximum(a, 0.0), hi).to(tl.int64)
-    ib = row + tl.minimum(tl.maximum(b, 0.0), hi).to(tl.int64)
-    ic = row + tl.minimum(tl.maximum(c, 0.0), hi).to(tl.int64)
-    idd = row + tl.minimum(tl.maximum(d, 0.0), hi).to(tl.int64)
+    # Table indices in int32 (a table holds a few thousand entries): half the registers of int64.
+    ia = row + tl.minimum(tl.maximum(a, 0.0), hi).to(tl.int32)
+    ib = row + tl.minimum(tl.maximum(b, 0.0), hi).to(tl.int32)
+    ic = row + tl.minimum(tl.maximum(c, 0.0), hi).to(tl.int32)
+    idd = row + tl.minimum(tl.maximum(d, 0.0), hi).to(tl.int32)
     return off, nsz, ia, ib, ic, idd
 
 
 @triton.jit
 def measure_forward_kernel(a_ptr, px_ptr, pw_ptr, nsz_ptr, rows_ptr, codes_ptr, alpha_ptr, tab_ptr, out_ptr,
                            N, C, P, W, sa_n, sa_o, sa_h, sa_w, L, RL, NB,
-                           ROUND: tl.constexpr, INTERP: tl.constexpr, BO: tl.constexpr, BP: tl.constexpr):
+                           ROUND: tl.constexpr, INTERP: tl.constexpr, BO: tl.constexpr, BP: tl.constexpr,
+                           I64: tl.constexpr):
     """One (BO channels x BP pixels) tile of NB images: counts, unary lookups, three binary nodes."""
-    # Index arithmetic in int64: no overflow at any size (and the interpreter checks int32's per op).
-    p = tl.program_id(0).to(tl.int64) * BP + tl.arange(0, BP)
-    o = tl.program_id(1).to(tl.int64) * BO + tl.arange(0, BO)
-    RL = RL.to(tl.int64)
+    p = _wide(tl.program_id(0), I64) * BP + tl.arange(0, BP)
+    o = _wide(tl.program_id(1), I64) * BO + tl.arange(0, BO)
     mp = p < P
     mo = o < C
     m = mo[:, None] & mp[None, :]
@@ -253,7 +265,7 @@ def measure_forward_kernel(a_ptr, px_ptr, pw_ptr, nsz_ptr, rows_ptr, codes_ptr, 
     # The last program's images end at N (a loop bound, not a mask: the interpreter mishandles a block
     # mask combined with a scalar one).
     for i in range(0, tl.minimum(NB, N - start)):
-        n = (start + i).to(tl.int64)
+        n = _wide(start + i, I64)
         off, nsz, ia, ib, ic, idd = _counts(a_ptr, px_ptr, pw_ptr, nsz_ptr, rows_ptr, n, o, p, mo, mp, m,
                                             W, P, sa_n, sa_o, sa_h, sa_w, L, ROUND)
         _, _, _, _, u1 = _slot(tab_ptr, tab_ptr, 0, ia, codes_ptr, alpha_ptr, o, mo, C, RL, False)
@@ -287,14 +299,13 @@ def measure_backward_kernel(dy_ptr, a_ptr, px_ptr, pw_ptr, nsz_ptr, rows_ptr, co
                             dtab_ptr, ga_ptr, gpx_part_ptr, gpw_part_ptr, gal_part_ptr,
                             N, C, P, W, sa_n, sa_o, sa_h, sa_w, sd_n, sd_o, sd_h, sd_w, L, RL, NB, limit,
                             CONV: tl.constexpr, CLIP: tl.constexpr, ROUND: tl.constexpr, INTERP: tl.constexpr,
-                            BO: tl.constexpr, BP: tl.constexpr):
+                            BO: tl.constexpr, BP: tl.constexpr, I64: tl.constexpr):
     """One (BO x BP) tile over a chunk of NB images: dL/da, and partial sums of dL/dpx, dL/dpw, dL/dalpha."""
-    pid_p = tl.program_id(0).to(tl.int64)
-    pid_o = tl.program_id(1).to(tl.int64)
-    chunk = tl.program_id(2).to(tl.int64)
+    pid_p = _wide(tl.program_id(0), I64)
+    pid_o = _wide(tl.program_id(1), I64)
+    chunk = _wide(tl.program_id(2), I64)
     p = pid_p * BP + tl.arange(0, BP)
     o = pid_o * BO + tl.arange(0, BO)
-    RL = RL.to(tl.int64)
     mp = p < P
     mo = o < C
     m = mo[:, None] & mp[None, :]
@@ -310,7 +321,7 @@ def measure_backward_kernel(dy_ptr, a_ptr, px_ptr, pw_ptr, nsz_ptr, rows_ptr, co
     acc_al3 = tl.full((BO,), 0.0, tl.float32)
     start = tl.program_id(2) * NB
     for i in range(0, tl.minimum(NB, N - start)):
-        n = (start + i).to(tl.int64)
+        n = _wide(start + i, I64)
         mm = m
         off, nsz, ia, ib, ic, idd = _counts(a_ptr, px_ptr, pw_ptr, nsz_ptr, rows_ptr, n, o, p, mo, mp, mm,
                                             W, P, sa_n, sa_o, sa_h, sa_w, L, ROUND)
@@ -350,14 +361,42 @@ def measure_backward_kernel(dy_ptr, a_ptr, px_ptr, pw_ptr, nsz_ptr, rows_ptr, co
 # dL/dpw's running sum in registers, so its partials are (ceil(N / NB), C, P), its dL/dpx partials
 # (N, ceil(C / BO), P) and alpha's (ceil(N / NB), ceil(P / BP), 4, C).
 # ----------------------------------------------------------------------------------------------
-def _tiles(o: int, p: int, n: int, images: int) -> tuple[int, int, int]:
-    """(BO, BP, NB): on a GPU, tiles of up to 2048 elements and ``images`` images per program; under the
-    interpreter, whose cost is per operation and per program, one program for the whole tensor."""
+@dataclass(frozen=True)
+class Tiling:
+    """How a kernel is launched on a GPU: ``elements`` per program (BO x BP), at most ``max_pixels`` of them
+    pixels, ``warps`` per program; the backward aims for at least ``programs`` programs, walking fewer
+    images each until the grid fills the device (0: the images per program the caller gives)."""
+    elements: int
+    max_pixels: int
+    warps: int
+    programs: int = 0
+
+
+# The shipped launch shapes (docs/performance.md, GPU: bench/tune_gpu_measure.py's sweep on an H200). The
+# backward's 2048-element tiles spilled (255 registers); 256 elements (2 per thread) halved its time.
+FORWARD = Tiling(elements=2048, max_pixels=128, warps=4)
+BACKWARD = Tiling(elements=256, max_pixels=16, warps=4)
+
+
+def _tiles(o: int, p: int, n: int, images: int, tiling: Tiling) -> tuple[int, int, int]:
+    """(BO, BP, NB) on a GPU; under the interpreter, whose cost is per operation and per program, one
+    program for the whole tensor."""
     if INTERPRETED:
         return triton.next_power_of_2(max(o, 1)), triton.next_power_of_2(max(p, 1)), max(n, 1)
-    bp = min(128, triton.next_power_of_2(max(p, 1)))
-    bo = min(max(1, 2048 // bp), triton.next_power_of_2(max(o, 1)), 64)
-    return bo, bp, max(1, min(images, n))
+    bp = min(tiling.max_pixels, triton.next_power_of_2(max(p, 1)))
+    bo = min(max(1, tiling.elements // bp), triton.next_power_of_2(max(o, 1)), 64)
+    nb = images
+    if tiling.programs:
+        per_image = triton.cdiv(p, bp) * triton.cdiv(o, bo)
+        nb = min(images, n * per_image // tiling.programs)
+    return bo, bp, max(1, min(nb, n))
+
+
+def _wide_offsets(*tensors: torch.Tensor) -> bool:
+    """Whether a kernel over these tensors needs int64 offsets: a tensor spans 2**30 elements or more (the
+    margin covers a masked lane's offset past the last element)."""
+    return max(max(t.numel(), 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if s > 0))
+               for t in tensors) >= 2**30
 
 
 def _spatial(t):
@@ -374,11 +413,11 @@ def forward(a, px, pw, nsz, rows, codes, alpha, tab, round_counts: bool):
     p = nsz.numel()
     px, pw = px.contiguous(), pw.contiguous()
     out = torch.empty_like(a)
-    bo, bp, nb = _tiles(o, p, n_img, 1)
+    bo, bp, nb = _tiles(o, p, n_img, 1, FORWARD)
     grid = (triton.cdiv(p, bp), triton.cdiv(o, bo), triton.cdiv(n_img, nb))
     measure_forward_kernel[grid](a, px, pw, nsz, rows, codes, alpha, tab, out, n_img, o, p, width, *_spatial(a),
                                  tab.shape[-1], tab[0].numel(), nb, ROUND=bool(round_counts), INTERP=INTERPRETED,
-                                 BO=bo, BP=bp)
+                                 BO=bo, BP=bp, I64=_wide_offsets(a, out), num_warps=FORWARD.warps)
     return out
 
 
@@ -389,7 +428,7 @@ def backward(dy, a, px, pw, nsz, rows, codes, alpha, tab, dtab, convention: int,
     width = a.shape[3] if a.dim() == 4 else 1
     p = nsz.numel()
     px, pw = px.contiguous(), pw.contiguous()
-    bo, bp, nb = _tiles(o, p, n_img, images_per_program)
+    bo, bp, nb = _tiles(o, p, n_img, images_per_program, BACKWARD)
     chunks, p_blocks, o_blocks = triton.cdiv(n_img, nb), triton.cdiv(p, bp), triton.cdiv(o, bo)
     ga = torch.empty_like(a)
     f32 = dict(dtype=torch.float32, device=a.device)
@@ -400,7 +439,8 @@ def backward(dy, a, px, pw, nsz, rows, codes, alpha, tab, dtab, convention: int,
     measure_backward_kernel[(p_blocks, o_blocks, chunks)](
         dy, a, px, pw, nsz, rows, codes, alpha, tab, dtab, ga, gpx_part, gpw_part, gal_part,
         n_img, o, p, width, *_spatial(a), *_spatial(dy), tab.shape[-1], tab[0].numel(), nb, limit,
-        CONV=convention, CLIP=clip is not None, ROUND=bool(round_counts), INTERP=INTERPRETED, BO=bo, BP=bp)
+        CONV=convention, CLIP=clip is not None, ROUND=bool(round_counts), INTERP=INTERPRETED, BO=bo, BP=bp,
+        I64=_wide_offsets(a, dy, ga, gpx_part, gpw_part, gal_part), num_warps=BACKWARD.warps)
     gpx = gpx_part.sum(1).view(px.shape)
     gpw = gpw_part.sum(0).view(pw.shape)
     galpha = gal_part.sum((0, 1))

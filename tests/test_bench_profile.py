@@ -1,0 +1,46 @@
+"""bench/profile_step.py and bench/tune_gpu_measure.py (issue 37): the profile's plumbing on a CPU, and the
+tile sweep's refusals where it cannot run."""
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _cli import run_main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cpu_profile_reports_each_network_and_the_profilers_own_operators():
+    r = run_main(_load("profile_step").main, "--device", "cpu", "--tiny", "--networks", "baseline:raw,float")
+    assert r.returncode == 0, r.stderr
+    heads = re.findall(r"^== (\S+): wall ([0-9.]+) ms/step captured, ([0-9.]+) uncaptured", r.stdout, re.M)
+    assert [h[0] for h in heads] == ["baseline:raw", "float"]
+    assert all(float(v) > 0 for h in heads for v in h[1:])
+    float_rows = r.stdout.split("== float:")[1]
+    # torch.profiler names the float network's convolutions; the binary one's count convolution too.
+    assert "convolution" in float_rows and "convolution" in r.stdout.split("== float:")[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("args, env, line", [
+    (["--device", "cuda"], {}, "error: --device cuda: no CUDA device here; give --device cpu under TRITON_INTERPRET=1"),
+    (["--device", "cpu"], {"TRITON_INTERPRET": "0"},
+     "error: --device cpu runs the kernels under Triton's interpreter: set TRITON_INTERPRET=1"),
+])
+def test_the_tile_sweep_refuses_what_it_cannot_run_in_one_line(args, env, line):
+    pytest.importorskip("triton")
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "tune_gpu_measure.py"), *args], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT, env={**os.environ, **env})
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == line
