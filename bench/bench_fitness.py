@@ -4,6 +4,7 @@
     python bench/bench_fitness.py --device cuda --compile --json
     python bench/bench_fitness.py --tiny --json            # the CPU smoke mode the tests run
     python bench/bench_fitness.py --device cuda --triton --graphs   # bnn.train --measure-impl triton --step graphs
+    python bench/bench_fitness.py --device cuda --triton --graphs --compile --no-float   # inductor under the capture
 
 The unit of work of ``python -m bnn.search --preset paper``: a binary ResNet-18 trained for
 FITNESS.epochs epochs at FITNESS.batch_size images a step, Adam at FITNESS.lr (bnn/settings.py),
@@ -135,8 +136,10 @@ def resolve(args) -> argparse.Namespace:
     if args.cudagraphs and args.measure_op:
         raise ValueError("--cudagraphs with --measure-op would never capture (the operator takes a CPU tensor); "
                          "give one of them")
-    if args.graphs and (args.compile or args.measure_op):
-        raise ValueError("--graphs captures the uncompiled step with the Triton operator: not with --compile or --measure-op")
+    if args.graphs and args.measure_op:
+        raise ValueError("--graphs captures the step with the Triton operator, not --measure-op's CPU-side one; give one")
+    if args.graphs and args.compile and args.compile_backend != "inductor" and name.startswith("cuda"):
+        raise ValueError("--graphs --compile captures inductor's kernels; give --compile-backend inductor")
     if args.triton:
         from bnn.gpu.require import triton_problem
 
@@ -204,7 +207,10 @@ class StepLoop:
         cuda, graphs = device.type == "cuda", opts["graphs"]
         fused = {"fused": True, "capturable": cuda and graphs} if (opts["fused_adam"] and cuda) or graphs else {}
         self.opt = torch.optim.Adam(model.parameters(), lr=FITNESS.lr, betas=ADAM_BETAS, **fused)
-        self.graph = GraphStep(model, self.opt, self.batch, (3, 32, 32), device) if graphs else None
+        # --graphs --compile: inductor fuses the elementwise work around the measure operator, and the
+        # capture records its kernels (the genome stays data: one compiled graph for every genome).
+        step_model = self.forward if graphs and opts["compile"] else model
+        self.graph = GraphStep(step_model, self.opt, self.batch, (3, 32, 32), device) if graphs else None
         ragged = ragged and not graphs  # one captured shape: full batches only, as bnn.train's graphs step
         self.gen = torch.Generator().manual_seed(seed + 1)
         # ragged: bnn.train's epoch, its last batch smaller (under torch.compile a new shape, so one
@@ -278,8 +284,10 @@ def loop_options(args) -> dict:
 
 
 def step_kind(args) -> str:
-    """The name of the step this run times: graphs, compiled or eager."""
-    return "graphs" if args.graphs else "compiled" if args.compile else "eager"
+    """The name of the step this run times: graphs (graphs+inductor with --compile), compiled or eager."""
+    if args.graphs:
+        return "graphs+inductor" if args.compile else "graphs"
+    return "compiled" if args.compile else "eager"
 
 
 def first_step_s(data: Dataset, genome: str, binary: bool, opts: dict) -> float:
@@ -303,7 +311,10 @@ def first_steps(args, data: Dataset) -> dict:
         loop.run(1)
         return {step_kind(args): {"first_genome": t1 - t0, "new_genome": time.perf_counter() - t1}}
     out = {}
-    modes = [(step_kind(args) if args.graphs else "eager", False)] + ([("compiled", True)] if args.compile else [])
+    if args.graphs:
+        modes = [(step_kind(args), args.compile)]
+    else:
+        modes = [("eager", False)] + ([("compiled", True)] if args.compile else [])
     for mode, compiled in modes:
         opts = {**loop_options(args), "compile": compiled}
         out[mode] = {"first_genome": first_step_s(data, args.genome, True, opts),

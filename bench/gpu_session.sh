@@ -13,12 +13,15 @@
 #   tests   tests/test_gpu_measure_triton.py, test_gpu_measure_op.py, test_graph_step.py on CUDA: the compiled
 #           kernels against refimpl and eager autograd, one graph for 20 genomes, the captured step replayed
 #   graphs  bench_fitness.py --triton --graphs: binary and float ResNet-18 under the same step (the whole
-#           step one CUDA graph), K = 1 and 4, a new genome on the kept model to its first step
+#           step one CUDA graph), K = 2 processes beside the one measured alone, a new genome on the kept
+#           model to its first step
 #   full    one whole 15-epoch evaluation of M6 under laplace (a measure that trains), timed as a search
 #           worker's later candidate: from set_genome on a model whose first genome already stepped
 #   search  python -m bnn.search on CIFAR-shaped data (random files in CIFAR-10's format when $BNN_DATA_DIR
 #           has no CIFAR-10): it journals, is killed (SIGKILL) after its first result, resumes, prints its
 #           leaderboard
+#   inductor the same step with torch.compile (inductor) under the capture: the elementwise work around
+#           the measure operator fused (binary only)
 #   profile bench/profile_step.py: the captured step's wall time against its kernels' time, and the kernels
 #           that take it (binary M6 under laplace, float)
 # then $OUT/summary.txt (and summary.json): each step's exit status and time, the numbers, and the
@@ -102,11 +105,12 @@ if [ "$mode" = gpu ]; then
   export SEARCH_PER_BATCH=2000
   step env 30 bash -c env_report
   step tests 150 "$PY" -m pytest -q -p no:cacheprovider -W ignore::RuntimeWarning "${GT[@]}"
-  step graphs 130 "$PY" "${BF[@]}" --device cuda --triton --graphs --k 1,4
+  step graphs 120 "$PY" "${BF[@]}" --device cuda --triton --graphs --k 2
   step full 120 "$PY" "${BF[@]}" --device cuda --triton --graphs --counts laplace --full-genome M6 --full-only
   step search 100 bash -c 'search_e2e "$@"' _ cuda --measure-impl triton --step graphs --train-size 5000 \
     --val-size 1000 --population 3 --max-evaluations 5
-  step profile 75 "$PY" bench/profile_step.py --device cuda --networks M6:laplace,float --top 12
+  step inductor 100 "$PY" "${BF[@]}" --device cuda --triton --graphs --compile --no-float --k none
+  step profile 60 "$PY" bench/profile_step.py --device cuda --networks M6:laplace,float --top 12
 else
   # Triton's interpreter runs the tests (a few of them: it is slow); a ResNet-18 under it would take hours, so
   # the benches time the same step (GraphStep, uncaptured on a CPU) with the eager measure, and the search
@@ -121,6 +125,8 @@ else
     --full-only --full-epochs 1
   step search 60 bash -c 'search_e2e "$@"' _ cpu --measure-impl eager --step eager --model mnist_net --train-size 32 \
     --val-size 16 --batch-size 16 --population 2 --max-evaluations 3
+  step inductor 40 "$PY" "${BF[@]}" --device cpu --tiny --model mnist_net --graphs --compile --compile-backend aot_eager \
+    --images 12 --warmup 1 --steps 1 --no-float --k none
   step profile 30 "$PY" bench/profile_step.py --device cpu --tiny --networks M6:laplace,float --top 5
 fi
 
@@ -131,7 +137,7 @@ out, mode = pathlib.Path(sys.argv[1]), sys.argv[2]
 steps = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
 print(f"issue 37 GPU session ({'CPU smoke: sizes and numbers mean nothing' if mode == 'cpu' else 'GPU'})")
 for name, rc, secs in steps:
-    print(f"  {name:<7} exit {rc:<8} {secs:>8} s")
+    print(f"  {name:<9} exit {rc:<8} {secs:>8} s")
 
 
 def load(name):
@@ -154,7 +160,7 @@ def text(name):
 
 
 status = {n: rc for n, rc, _ in steps}
-graphs, whole = load("graphs"), load("full").get("full_evaluation", {})
+graphs, whole, fused = load("graphs"), load("full").get("full_evaluation", {}), load("inductor")
 if graphs.get("binary_images_per_s"):
     flt = graphs.get("float_images_per_s")
     print(f"graphs{' (stopped early)' if graphs['partial'] else ''}: {graphs['device_name']}, binary "
@@ -164,6 +170,10 @@ if graphs.get("binary_images_per_s"):
     for k in graphs.get("concurrent", []):
         print(f"  K={k['k']}: " + (k["error"] if "error" in k else f"{k['images_per_s']:.0f} images/s, "
               f"{k['evaluations_per_hour_incl_overhead']:.1f} evaluations/h with validation and set-up"))
+if fused.get("binary_images_per_s") and graphs.get("float_images_per_s"):
+    print(f"inductor: binary {fused['binary_images_per_s']:.0f} images/s under the captured compiled step, "
+          f"{fused['binary_images_per_s'] / graphs['float_images_per_s']:.2f}x the graphs step's float; first step "
+          f"{fused.get('first_step_s')}")
 if whole:
     print(f"full: {whole['genome']} {whole['seconds']:.1f} s for {whole['epochs_done']} of {whole['epochs']} epochs "
           f"({whole['steps']} steps), last val acc {whole['last_val_acc']}; clock {whole.get('clock', '?')}")
@@ -172,10 +182,14 @@ for line in text("profile").splitlines():
         print("profile: " + line[3:])
 tests_tail = (text("tests").strip().splitlines() or [""])[-1]
 search = text("search")
+# K = 1 is the process measured alone (its extrapolated evaluation includes validation and set-up).
 rates = [k["evaluations_per_hour_incl_overhead"] for k in graphs.get("concurrent", []) if "error" not in k]
+rates += [3600.0 / graphs["evaluation_s"]] if graphs.get("evaluation_s") else []
 new_genome = graphs.get("first_step_s", {}).get("graphs", {}).get("new_genome")
 full = whole.get("seconds") if whole and whole.get("epochs_done") == whole.get("epochs") else None
-ratio = graphs.get("binary_vs_float")
+ratio = max([graphs.get("binary_vs_float") or 0.0] + ([fused["binary_images_per_s"] / graphs["float_images_per_s"]]
+                                                       if fused.get("binary_images_per_s") and graphs.get("float_images_per_s")
+                                                       else [])) or None
 targets = {
     "GPU tests of bnn/gpu and the graph step pass": (
         tests_tail, status.get("tests") == "0" and "passed" in tests_tail and "failed" not in tests_tail),

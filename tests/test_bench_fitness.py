@@ -90,6 +90,8 @@ def test_tiny_reports_evaluations_per_hour_from_the_aggregate_rate_of_k_processe
     (["--cudagraphs"], "error: --cudagraphs captures CUDA graphs of the compiled step: give it with --compile on a "
                        "CUDA device"),
     (["--cudagraphs", "--compile"], "error: --cudagraphs captures CUDA graphs"),  # the CPU has none
+    (["--graphs", "--measure-op"], "error: --graphs captures the step with the Triton operator, not --measure-op's "
+                                   "CPU-side one; give one"),
 ])
 def test_a_bad_flag_is_one_line_and_exit_2(args, line):
     r = run_main(_bench().main, "--device", "cpu", *args)
