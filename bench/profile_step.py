@@ -21,8 +21,8 @@ import torch
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(_HERE, ".."), _HERE]
 
-from bench_fitness import StepLoop, sync, synthetic_data  # noqa: E402
 from bench_train import machine  # noqa: E402
+from fitness_step import StepLoop, sync, synthetic_data  # noqa: E402
 
 from bnn.train.loop import setup_backend  # noqa: E402
 from refimpl.cli import OneLineParser, positive_int  # noqa: E402

@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     print(f"best: forward {chosen[0]}, backward {chosen[1]} ({time.perf_counter() - t_start:.0f} s so far)", flush=True)
     if args.no_step or not cuda:
         return 0
-    from bench_fitness import synthetic_data
+    from fitness_step import synthetic_data
     from profile_step import build_parser as step_parser
     from profile_step import profile
 
