@@ -75,8 +75,10 @@ def _check_results(module):
     d[0, 0, :5] = 0
     alpha = rng.uniform(-2, 2, (4, 3)).astype(np.float32)
     expected = measure(GENOME, a, b, c, d, alpha=alpha, dtype=np.float32)
-    got = np.empty(shape, np.float32)
-    module.measure_array(*(v.astype(np.float32) for v in (a, b, c, d)), alpha, got)
+    # The module's own scalar measure (its tasks need a whole layer's arguments), element by element.
+    f32 = [v.astype(np.float32) for v in (a, b, c, d)]
+    got = np.array([module.measure(*(v[idx] for v in f32), *alpha[:, idx[1]]) for idx in np.ndindex(shape)],
+                   np.float32).reshape(shape)
     np.testing.assert_array_equal(got, expected)
 
 

@@ -75,14 +75,15 @@ def test_tabled_measure_equals_refimpl_measure_and_the_untabled_code(genome, cou
     a, b, c, d = _counts()
     alpha = np.random.default_rng(5).uniform(-2, 2, (4, 3)).astype(np.float32)
     expected = measure(genome, a, b, c, d, alpha=alpha, dtype=np.float32, counts=counts)
-    mod = epilogue.load(genome, counts)
+    mod, arrays = epilogue.load(genome, counts), epilogue.load_arrays(genome)
     n = (a + b + c + d).reshape(-1)
-    tab, toff, _ = measure_tables(mod, n)
-    assert mod.N_TABLES == len(mt.split(Genome.parse(genome).expression())[1])
+    tab, toff, _ = measure_tables(mod, n)  # the convention's tables, as the engine builds them
+    assert mod.N_TABLES == arrays.N_TABLES == len(mt.split(Genome.parse(genome).expression())[1])
     f32 = [v.astype(np.float32) for v in (a, b, c, d)]
+    cv = epilogue.convention_vector(counts)
     tabled, untabled = np.empty(a.shape, np.float32), np.empty(a.shape, np.float32)
-    mod.measure_array_tabled(*f32, toff.reshape(a.shape), tab, alpha, tabled)
-    mod.measure_array(*f32, alpha, untabled)
+    arrays.measure_array_tabled(*f32, toff.reshape(a.shape), tab, cv, alpha, tabled)
+    arrays.measure_array(*f32, cv, alpha, untabled)
     np.testing.assert_array_equal(_bits(tabled), _bits(untabled))
     np.testing.assert_array_equal(np.isnan(tabled), np.isnan(expected))
     np.testing.assert_array_equal(tabled, expected)  # infinities with their signs, finite values exactly
@@ -105,7 +106,10 @@ def test_tables_have_one_row_per_window_size_except_under_raw_counts():
 
 
 # The Latin square covers every code in every slot (a superset of the 5 genomes this test had),
-# and its modules are the ones the test above loads: compiled once for both (the suite's cold time).
+# and its modules are the ones the test above loads: one per genome for the three conventions, compiled
+# once for both tests (the suite's cold time). The epilogue tasks write each convention out instead; the
+# two forms agree operation for operation (verify/test_conventions.py), and the models of
+# verify/test_model_predictions.py run the tasks under each convention against torch.
 @pytest.mark.parametrize("counts", CONVENTIONS)
 @pytest.mark.parametrize("genome", list(PAPER_MEASURES) + _latin_genomes())
 def test_generated_measure_equals_refimpl_measure_float32(genome, counts):
@@ -118,8 +122,8 @@ def test_generated_measure_equals_refimpl_measure_float32(genome, counts):
     alpha = rng.uniform(-2, 2, (4, 6)).astype(np.float32)
     expected = measure(genome, a, b, c, d, alpha=alpha, dtype=np.float32, counts=counts)
     got = np.empty(shape, np.float32)
-    mod = epilogue.load(genome, counts)
-    mod.measure_array(*(v.astype(np.float32) for v in (a, b, c, d)), alpha, got)
+    epilogue.load_arrays(genome).measure_array(*(v.astype(np.float32) for v in (a, b, c, d)),
+                                              epilogue.convention_vector(counts), alpha, got)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
     np.testing.assert_array_equal(got, expected)  # infinities with their signs, finite values exactly
 

@@ -79,9 +79,10 @@ def test_one_driver_serves_two_genomes_each_with_its_own_measure():
         # the module's own measure, from the same counts (b = pw - a, c = px - a, d = n - pw - px + a)
         A = a[0, 0].astype(np.float32)
         want = np.empty(size, np.float32)
-        module.measure_array(A.reshape(1, 1, -1), (pw[0] - A).reshape(1, 1, -1), (px[0, 0] - A).reshape(1, 1, -1),
-                             (n[0] - pw[0] - px[0, 0] + A).reshape(1, 1, -1), np.ones((4, 1), np.float32),
-                             want.reshape(1, 1, -1))
+        epilogue.load_arrays(genome).measure_array(
+            A.reshape(1, 1, -1), (pw[0] - A).reshape(1, 1, -1), (px[0, 0] - A).reshape(1, 1, -1),
+            (n[0] - pw[0] - px[0, 0] + A).reshape(1, 1, -1), epilogue.convention_vector("raw"),
+            np.ones((4, 1), np.float32), want.reshape(1, 1, -1))
         np.testing.assert_array_equal(got, want)
         results[genome] = (kernel, got)
     (k1, y1), (k2, y2) = results.values()

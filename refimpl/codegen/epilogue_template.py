@@ -54,7 +54,6 @@ from .measure_tables import (
     fast_checks,
     fast_constants,
     fast_lookup_arguments,
-    lookup_arguments,
     split,
     table_functions,
 )
@@ -282,9 +281,8 @@ def _task_alphas(mode: str) -> list[str]:
 
 
 def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:
-    """The module's docstring, imports, and its measure alone (``measure``, ``measure_array``;
-    tabled: ``measure_t``, ``build_tables``, ``measure_array_tabled``)."""
-    convert = [f"            {line}" for line in convert_lines(counts, "", "A + B + C + D")]
+    """The module's docstring, imports, and its measure alone (``measure``, ``measure_t``, ``build_tables``;
+    over whole arrays, for tests: arrays_template.py's module, one for every convention)."""
     tabled, found = measure_tables(g, tables)
     t_params = "".join(f"T{k}, " for k in range(len(found)))
     return [
@@ -315,25 +313,9 @@ def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:
         "INDEX_MASK = np.uint32(0x7FFFFFFF)",
         "",
         "",
-        "@jit(loop_vectorize=True)",
+        "@jit(loop_vectorize=True)  # compiled on first call: tests only",
         "def measure(a, b, c, d, al0, al1, al2, al3):",
         f"    return {measure_expression(g)}",
-        "",
-        "",
-        # No signature: compiled on first call, as only tests call it (eagerly, every genome's
-        # first load paid 1-1.6 s for it). Serial: a parallel loop compiled 3x slower, and the
-        # tests' arrays are small.
-        "@jit(loop_vectorize=True)",
-        "def measure_array(a, b, c, d, alpha, out):",
-        "    # (N, O, P) float32 counts -> out; the engine's convention and measure alone, for tests.",
-        "    n_img, n_out, size = a.shape",
-        "    for r in range(n_img * n_out):",
-        "        i = r // n_out",
-        "        o = r - i * n_out",
-        "        for s in range(size):",
-        "            A, B, C, D = a[i, o, s], b[i, o, s], c[i, o, s], d[i, o, s]",
-        *convert,
-        "            out[i, o, s] = measure(A, B, C, D, alpha[0, o], alpha[1, o], alpha[2, o], alpha[3, o])",
         "",
         "",
         f"@jit(loop_vectorize=True{_NO_WRAPPER})  # called from the kernels only",
@@ -341,24 +323,6 @@ def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:
         "    # The measure with its one-count subtrees looked up (T<k> = table k at the count).",
         f"    return {tabled}",
         *table_functions(found, counts),
-        "",
-        "",
-        "@jit(loop_vectorize=True, noalias=True)",
-        "def measure_array_tabled(a, b, c, d, toff, tab, alpha, out):",
-        "    # As measure_array, through the tables: tab (K, R*L) and each output's row offset toff",
-        "    # (N, O, P), as refimpl/engine/plan.py's measure_tables makes them; the engine's lookups.",
-        "    n_img, n_out, size = a.shape",
-        "    for r in range(n_img * n_out):",
-        "        i = r // n_out",
-        "        o = r - i * n_out",
-        "        for s in range(size):",
-        "            A, B, C, D = a[i, o, s], b[i, o, s], c[i, o, s], d[i, o, s]",
-        "            IA, IB = np.uint32(A) & INDEX_MASK, np.uint32(B) & INDEX_MASK",
-        "            IC, ID = np.uint32(C) & INDEX_MASK, np.uint32(D) & INDEX_MASK",
-        "            off = toff[i, o, s]",
-        *convert,
-        "            out[i, o, s] = measure_t(A, B, C, D, "
-        + lookup_arguments(found, "tab[{k}, off:]", "I{v}") + "alpha[0, o], alpha[1, o], alpha[2, o], alpha[3, o])",
     ]
 
 
@@ -485,3 +449,4 @@ def generate(genome, counts: str = DEFAULT_COUNTS, tables: bool = True) -> str:
     for mode in MODES:
         out += _fused_function(mode, counts, found)
     return "\n".join(out) + "\n"
+

@@ -24,8 +24,12 @@ import tempfile
 import threading
 import types
 
+import numpy as np
+
+from ..codegen.arrays_template import generate_arrays
 from ..codegen.epilogue_template import FUSED_TILE, TILE_CALL_SIGNATURE, driver_signature, generate, task_signature
 from ..conventions import DEFAULT as DEFAULT_COUNTS
+from ..conventions import affine
 from ..genome import Genome
 from ..kernels import _tiles
 from . import _drivers
@@ -193,6 +197,28 @@ def load(genome, counts: str = DEFAULT_COUNTS, tables: bool = True):
         if key not in _LOADED:
             _LOADED[key] = compile_module(key, text)
     return _LOADED[key]
+
+
+def load_arrays(genome, tables: bool = True):
+    """The compiled module of ``genome``'s measure over whole arrays under any count convention, for tests
+    (``refimpl/codegen/arrays_template.py``): ``measure_array(a, b, c, d, cv, alpha, out)``, and
+    ``measure_array_tabled`` with the convention's tables; ``cv`` is ``convention_vector(counts)``."""
+    g = Genome.parse(genome)
+    text = generate_arrays(g, tables)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    key = f"bnn_measure_arrays_{str(g).replace('-', '_')}{'' if tables else '_untabled'}_{digest}"
+    if key in _LOADED:
+        return _LOADED[key]
+    with _COMPILE_LOCK:
+        if key not in _LOADED:
+            _LOADED[key] = compile_module(key, text)
+    return _LOADED[key]
+
+
+def convention_vector(counts: str) -> np.ndarray:
+    """The count convention ``counts`` as the float32 ``(p, q, r)`` that ``load_arrays``' kernels take
+    (float32: a float64 vector would turn their arithmetic, and so their bits, into float64)."""
+    return np.array(affine(counts), dtype=np.float32)
 
 
 def _write_source(directory: str, key: str, text: str) -> str:
