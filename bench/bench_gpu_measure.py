@@ -19,8 +19,9 @@ from bnn.gpu.measure_op import set_genome, use_triton_measure
 from bnn.nn.layers import BinaryConv2d
 
 
-def _time(fn, iters: int) -> float:
-    for _ in range(3):
+def cuda_ms(fn, iters: int, warmup: int = 3) -> float:
+    """Milliseconds per call of ``fn`` on the current CUDA stream (CUDA events), after ``warmup`` calls."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -56,18 +57,18 @@ def main() -> None:
         return run
 
     conv = nn.Conv2d(c, c, 3, padding=1, bias=False).to(dev)
-    float_ms = _time(step(conv), args.iters)
+    float_ms = cuda_ms(step(conv), args.iters)
     print(f"float conv2d: {float_ms:.3f} ms per forward+backward")
     routed = use_triton_measure(BinaryConv2d(c, c, 3, padding=1, counts=args.counts).to(dev))
     for genome in args.genomes.split(","):
         eager = BinaryConv2d(c, c, 3, padding=1, measure=genome, counts=args.counts).to(dev)
-        eager_ms = _time(step(eager), args.iters)
+        eager_ms = cuda_ms(step(eager), args.iters)
         t0 = time.perf_counter()
         set_genome(routed, genome)
         step(routed)()
         torch.cuda.synchronize()
         first_s = time.perf_counter() - t0
-        triton_ms = _time(step(routed), args.iters)
+        triton_ms = cuda_ms(step(routed), args.iters)
         print(f"{genome:>20}: eager {eager_ms:7.3f} ms, triton {triton_ms:7.3f} ms ({eager_ms / triton_ms:4.2f}x), "
               f"float/triton {float_ms / triton_ms:4.2f}, set_genome to first step done {first_s * 1e3:6.1f} ms")
     if args.profile:

@@ -24,6 +24,8 @@ import torch
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(_HERE, ".."), _HERE]
 
+from bench_gpu_measure import cuda_ms  # noqa: E402
+
 from bnn.gpu import measure_kernels as K  # noqa: E402
 from bnn.gpu.counts import count_sums  # noqa: E402
 from bnn.gpu.measure_op import use_triton_measure  # noqa: E402
@@ -53,19 +55,12 @@ def build_parser() -> OneLineParser:
 
 
 def _time_ms(fn, iters: int) -> float:
-    fn()
     if not torch.cuda.is_available():  # the interpreter's smoke: the plumbing, not a time
+        fn()
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+    return cuda_ms(fn, iters, warmup=1)
 
 
 def layer_inputs(c: int, side: int, args) -> dict:

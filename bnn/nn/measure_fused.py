@@ -45,7 +45,7 @@ import numba
 import numpy as np
 import torch
 
-from refimpl.codegen.epilogue_template import sources_stamp
+from refimpl.codegen.epilogue_template import measure_module_imports
 from refimpl.codegen.measure_tables import split
 from refimpl.conventions import DEFAULT as DEFAULT_COUNTS
 from refimpl.conventions import affine, check_counts
@@ -248,13 +248,7 @@ def generate(genome, tabled: bool = False) -> str:
         "",
         f"measure = {g.formula()}",
         '"""',
-        "import math",
-        "",
-        "import numpy as np",
-        "",
-        "from refimpl._jit import jit",
-        "from refimpl._numba_ops import nan_max, nan_min",
-        f"# refimpl sources {sources_stamp()}",
+        *measure_module_imports(),
         "",
         "F = np.float32",
         f"USED = {tuple(sorted(counts_used | (used & set(_ALPHAS))))!r}  # the counts and alphas the measure reads",

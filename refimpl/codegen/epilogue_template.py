@@ -68,6 +68,14 @@ def sources_stamp() -> str:
     return _jit.package_stamp().hex()
 
 
+def measure_module_imports() -> list[str]:
+    """The lines every generated measure module starts its code with (after its docstring): the imports
+    its formulas need and the refimpl sources stamp (``sources_stamp`` says why)."""
+    return ["import math", "", "import numpy as np", "", "from refimpl._jit import jit",
+            "from refimpl._numba_ops import nan_max, nan_min", f"# refimpl sources {sources_stamp()}: any change to "
+            "them recompiles this module"]
+
+
 def measure_expression(genome) -> str:
     """The genome's measure as one Numba float32 expression in a, b, c, d and al0..al3.
 
