@@ -1,6 +1,6 @@
 """How a training step runs (issue 16 item 2): ``step`` picks eager, compiled (one compiled graph for
 every genome, full batches only, fused Adam on CUDA) or graphs (CUDA graphs); auto is compiled on
-CUDA and eager on the CPU; a kind the machine cannot run is one line, nothing written."""
+CUDA (graphs with the Triton measure) and eager on the CPU; a kind the machine cannot run is one line, nothing written."""
 import math
 
 import pytest
@@ -22,6 +22,16 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 ])
 def test_each_step_setting_resolves_to_its_kind_on_each_device(step, compile_, device, kind):
     assert resolve_step(TrainConfig(step=step, compile=compile_), device) == kind
+
+
+@pytest.mark.parametrize("step,compile_,device,kind", [
+    ("auto", False, CUDA, "graphs"), ("auto", False, CPU, "eager"), ("auto", True, CUDA, "compiled"),
+    ("compiled", False, CUDA, "compiled"), ("eager", False, CUDA, "eager"),
+])
+def test_auto_captures_the_whole_step_on_cuda_with_the_triton_measure(step, compile_, device, kind):
+    # The Triton measure takes the genome as data, so one captured graph serves every genome: the fastest
+    # step measured on a GPU. An explicit step, or compile=True, is kept.
+    assert resolve_step(TrainConfig(step=step, compile=compile_, measure_impl="triton"), device) == kind
 
 
 @pytest.mark.parametrize("step,compile_,device,words", [
