@@ -49,7 +49,7 @@ from refimpl.codegen.epilogue_template import measure_module_imports
 from refimpl.codegen.measure_tables import split
 from refimpl.conventions import DEFAULT as DEFAULT_COUNTS
 from refimpl.conventions import affine, check_counts
-from refimpl.engine.epilogue import compile_module
+from refimpl.engine.epilogue import compile_module, convention_vector
 from refimpl.engine.task_call import run_tasks, task_address
 from refimpl.genome import Genome
 
@@ -352,11 +352,6 @@ def _run(mod, name: str, rows: int, *args) -> None:
     run_tasks(_task(mod, name), _PARTS_PER_THREAD * threads, rows, *args)
 
 
-def convention_numbers(counts: str) -> np.ndarray:
-    """The kernels' ``cv``: the convention's ``(p, q, r)`` (refimpl.conventions.affine) as float32."""
-    return np.array(affine(counts), dtype=np.float32)
-
-
 def tables(mod, ns, counts: str = DEFAULT_COUNTS) -> tuple:
     """(values, derivatives) (K, R, L) float32 of ``mod``'s one-count subtrees at the counts 0 .. L - 1,
     converted by ``counts``, in windows of the sizes ``ns`` (R distinct integers, L = max(ns) + 1), as
@@ -364,7 +359,7 @@ def tables(mod, ns, counts: str = DEFAULT_COUNTS) -> tuple:
     ns = np.asarray(ns, dtype=np.int64).reshape(-1)
     shape = (max(1, mod.N_TABLES), ns.shape[0], int(ns.max()) + 1)
     out, dout = np.empty(shape, dtype=np.float32), np.empty(shape, dtype=np.float32)
-    mod.build(ns, convention_numbers(counts), out, dout)
+    mod.build(ns, convention_vector(counts), out, dout)
     return out, dout
 
 
@@ -381,7 +376,7 @@ def _geometry(mod, counts: str, n, size: int) -> tuple:
         values = (n.detach().cpu().numpy() if isinstance(n, torch.Tensor) else np.asarray(n)).astype(np.float32)
     key = (mod.__name__, counts, values.shape, values.tobytes(), size)
     if key not in _GEOMETRY:
-        cv = convention_numbers(counts)
+        cv = convention_vector(counts)
         nsize = np.ascontiguousarray(np.broadcast_to(values.reshape(-1), (size,)) if values.size == 1
                                      else values.reshape(-1))
         if nsize.shape[0] != size:

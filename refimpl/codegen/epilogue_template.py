@@ -457,4 +457,3 @@ def generate(genome, counts: str = DEFAULT_COUNTS, tables: bool = True) -> str:
     for mode in MODES:
         out += _fused_function(mode, counts, found)
     return "\n".join(out) + "\n"
-

@@ -190,7 +190,11 @@ def load(genome, counts: str = DEFAULT_COUNTS, tables: bool = True):
     the folder holds, so a planted ``.py`` or ``__pycache__/*.pyc`` is never executed. The file
     is still written (and rewritten when it differs): Numba's cache is keyed by a real source
     file, and its line numbers point into it."""
-    key, text = module_name(genome, counts, tables)
+    return _load(*module_name(genome, counts, tables))
+
+
+def _load(key: str, text: str):
+    # The module ``key`` of ``text``, made once per process.
     if key in _LOADED:
         return _LOADED[key]
     with _COMPILE_LOCK:  # two threads loading one genome make one module, not two
@@ -206,13 +210,7 @@ def load_arrays(genome, tables: bool = True):
     g = Genome.parse(genome)
     text = generate_arrays(g, tables)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    key = f"bnn_measure_arrays_{str(g).replace('-', '_')}{'' if tables else '_untabled'}_{digest}"
-    if key in _LOADED:
-        return _LOADED[key]
-    with _COMPILE_LOCK:
-        if key not in _LOADED:
-            _LOADED[key] = compile_module(key, text)
-    return _LOADED[key]
+    return _load(f"bnn_measure_arrays_{str(g).replace('-', '_')}{'' if tables else '_untabled'}_{digest}", text)
 
 
 def convention_vector(counts: str) -> np.ndarray:
