@@ -108,3 +108,19 @@ def test_a_trained_cell_records_the_cpu_kind_it_ran_on(tmp_path, capsys):
                                 f"torch {torch.backends.cpu.get_cpu_capability()}; refimpl {isa.current_path()}")
     md = (root / "results.md").read_text()
     assert "family-wise 95% interval (Bonferroni: 97.50% each)" in md and "| family-wise CI |" in md
+
+
+def test_a_cell_trained_on_a_gpu_is_of_the_gpus_kind_not_the_hosts_cpu():
+    # The host's CPU did none of the arithmetic: two H200 cells on different host CPUs pair, and a GPU
+    # cell never pairs with a CPU cell of the same host.
+    from bnn.evidence import report
+    from bnn.train.host import cpu_kind
+
+    cpu = {"cpu": "Intel(R) Xeon(R) Processor @ 2.50GHz", "torch_cpu_capability": "AVX512", "kernel_path": "avx512bw",
+           "torch": "2.11.0+cu130"}
+    gpu = {**cpu, "gpu": "NVIDIA H200", "cuda": "13.0"}
+    assert cpu_kind(gpu) == "NVIDIA H200; torch 2.11.0+cu130; cuda 13.0"
+    assert cpu_kind(cpu) == XEON
+    other_host = cpu_kind({**gpu, "cpu": "AMD EPYC 7B13", "kernel_path": "avx2"})
+    assert report.same_kind({"cpu_kind": cpu_kind(gpu)}, {"cpu_kind": other_host})
+    assert not report.same_kind({"cpu_kind": cpu_kind(gpu)}, {"cpu_kind": cpu_kind(cpu)})

@@ -88,3 +88,22 @@ def test_a_torn_journal_continues_and_other_settings_are_refused(tmp_path, grid)
 def test_bad_options_get_one_line_and_exit_2(tmp_path, grid, extra, message):
     r = calibrate("--full", grid, "--rungs", "1:100", "--fitness", "synthetic:1", "--out", tmp_path / "c", *extra)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_each_training_records_its_processor_kind_and_another_kinds_journal_is_refused(tmp_path, grid):
+    from bnn.train.host import cpu_kind, host_info
+
+    out = tmp_path / "cal"
+    assert calibrate(*_args(grid, out)).returncode == 0
+    path = Path(out) / "journal.jsonl"
+    lines = path.read_text().splitlines()
+    here = cpu_kind(host_info("cpu"))
+    assert {json.loads(x)["kind"] for x in lines[1:]} == {here}
+    # One training from another kind (the rest of the journal is this machine's): refused whole.
+    other = {**json.loads(lines[1]), "kind": "NVIDIA H200; torch 2.11.0+cu130; cuda 13.0"}
+    path.write_text("\n".join([lines[0], json.dumps(other), *lines[2:]]) + "\n")
+    before = path.read_bytes()
+    r = calibrate(*_args(grid, out))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "NVIDIA H200" in r.stderr and here in r.stderr and "another --out" in r.stderr
+    assert path.read_bytes() == before  # nothing trained or appended

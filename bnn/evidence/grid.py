@@ -270,14 +270,14 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
             check_protocol(saved, protocol, root)
         todo = [c for c in cells if done.get(c["key"], {}).get("status") not in FINAL]
         log(f"{root}: {len(cells) - len(todo)} of {len(cells)} cells already finished, {len(todo)} to train")
-        from ..train import resolve_device
+        from ..train import host, resolve_device
 
         try:
             device = str(resolve_device(base.device, base.dataset))
         except ValueError as exc:
             raise GridError(str(exc)) from None
-        info = report.host_info(device)
-        host, kind = report.host_label(info), report.cpu_kind(info)
+        info = host.host_info(device)
+        host, kind = host.host_label(info), host.cpu_kind(info)
         bar = _bar(len(todo), progress)
         jobs = min(jobs, len(todo))
         rows = _results_in_parallel(base, todo, configs, jobs) if jobs > 1 else _results_in_order(base, todo, configs)
@@ -300,10 +300,12 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
 def build_results(protocol: dict, done: dict[str, dict], device: str, this_run_s: float, family: int = 1) -> dict:
     """The grid's report: protocol, host, wall time, cells done and one summary row per measure and kind
     (``family``: the number of comparisons a family-wise interval covers, report.summarize)."""
+    from ..train import host
+
     entries = list(done.values())
     return {
         "protocol": protocol,
-        "host": report.host_info(device),
+        "host": host.host_info(device),
         "cells_ran_on": sorted({e["host"] for e in entries if e.get("host")}),
         "wall_s": {"cells": round(sum(e.get("wall_s", 0.0) for e in entries), 1), "this_run": round(this_run_s, 1)},
         "cells_done": len(entries),

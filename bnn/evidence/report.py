@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import platform
 
 from refimpl.conventions import DEFAULT as RAW
 from refimpl.conventions import NAMES as CONVENTIONS
@@ -23,39 +22,6 @@ from ..paper_results import MEASURES
 def counts_of(entry: dict) -> str:
     """A cell's count convention; journals written before conventions existed hold raw cells."""
     return entry.get("counts", RAW)
-
-
-def host_info(device: str | None = None) -> dict:
-    """This machine as the report records it: CPU, cores, torch and its CPU capability, refimpl's kernel path, the GPU."""
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    from refimpl import isa
-
-    info = {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "kernel_path": isa.current_path(),
-            "python": platform.python_version(), "device": device}
-    if device and device.startswith("cuda") and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    return info
-
-
-def host_label(info: dict) -> str:
-    """``host_info``'s record as one line for the report."""
-    gpu = f", {info['gpu']}" if info.get("gpu") else ""
-    return f"{info['cpu']}, {info['cores']} cores{gpu}, device {info.get('device')}, torch {info['torch']}"
-
-
-def cpu_kind(info: dict) -> str:
-    """The kind of CPU a cell trained on, as pairing needs it: torch's CPU kernels round differently per
-    instruction set, so a cell on another kind is like a fresh seed (the model, torch's vector
-    capability, refimpl's kernel path)."""
-    return f"{info['cpu']}; torch {info.get('torch_cpu_capability')}; refimpl {info.get('kernel_path')}"
 
 
 def _order(entries) -> list[tuple[str, str, str]]:
@@ -173,6 +139,8 @@ def protocol_sentence(p: dict) -> str:
 
 def markdown(results: dict) -> str:
     """results.md: the protocol, the table per measure and the paired differences."""
+    from ..train.host import host_label  # lazily: bnn.train brings torch, which a report of a journal does not need
+
     p, wall = results["protocol"], results["wall_s"]
     family = results.get("family", 1)
     family_text = (f" With {family} comparisons the verdict is read from the family-wise 95% interval (Bonferroni: "

@@ -91,6 +91,13 @@ def train_all(out: Path, settings: dict, cells: list[dict], device: str, data_di
         differ = next(k for k in _KEYS if saved.get(k) != settings.get(k))
         raise CostError(f"{out} holds a calibration with {differ}={saved.get(differ)!r}, not {settings.get(differ)!r}; "
                         "use another --out (or the same options)")
+    from ..train.host import cpu_kind, host_info
+
+    kind = cpu_kind(host_info(device))  # the processor kind: ranks from two kinds are not one calibration
+    other = sorted({rec["kind"] for rec in done.values() if rec.get("kind") not in (None, kind)})
+    if other:
+        raise CostError(f"{out} holds trainings on {other[0]}, and this machine trains on {kind}: a calibration runs on "
+                        "one kind of processor (training rounds differently per kind); use another --out")
     lad = Ladder(settings["rungs"], True, settings["promote"], settings["train_seed"])
     jobs = [(BASELINE, "raw", r, s) for r in range(len(settings["rungs"])) for s in lad.seeds(r)]
     jobs += [(c["genome"], c["counts"], r, s) for c in cells for r in range(len(settings["rungs"])) for s in lad.seeds(r)]
@@ -105,7 +112,7 @@ def train_all(out: Path, settings: dict, cells: list[dict], device: str, data_di
         res = worker.run({"seq": 0, "genome": genome, "reject_below": None,
                           "train": {**lad.train_of(r, s), "counts": counts}})
         rec = {"key": _job_key(genome, counts, r, s), "genome": genome, "counts": counts, "rung": r, "seed": s,
-               **{k: res.get(k) for k in ("status", "val_acc", "epochs", "wall_s")}}
+               **{k: res.get(k) for k in ("status", "val_acc", "epochs", "wall_s")}, "kind": kind}
         append_line(str(path), rec)
         done[rec["key"]] = rec
         log(f"[{i}/{len(todo)}] {genome} {counts} rung {r} seed {s}: {rec['status']}, val {rec['val_acc']}, "
