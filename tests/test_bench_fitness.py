@@ -113,3 +113,16 @@ def test_the_gpu_session_script_refuses_an_unknown_option(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip() == "error: unknown option '--bogus'; give --cpu-smoke or nothing"
     assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--bogus"], {}, "error: unknown option '--bogus'; give --cpu-smoke or nothing"),
+    ([], {"BNN_DATA_DIR": "/nonexistent/fm"},
+     "error: no Fashion-MNIST in /nonexistent/fm; carry data/fashion-mnist (its four IDX files) or set BNN_DATA_DIR"),
+])
+def test_the_gpu_calibration_script_refuses_bad_input_before_writing(tmp_path, args, env, message):
+    out, root = tmp_path / "out", tmp_path / "root"
+    r = subprocess.run(["bash", str(ROOT / "bench" / "gpu_calibration.sh"), *args], capture_output=True, text=True,
+                       timeout=60, env={"PATH": "/usr/bin:/bin", "OUT": str(out), "CAL_ROOT": str(root), **env})
+    assert r.returncode == 2 and r.stderr.strip() == message
+    assert not out.exists() and not root.exists()

@@ -29,7 +29,7 @@ from refimpl.fileio import read_regular
 
 from ..common.jsonl import append_line, cut_to
 from ..common.stats import bootstrap_spearman, mean, spearman, top_agreement
-from ..settings import DEFAULT_MODEL, FITNESS
+from ..settings import DEFAULT_MODEL, FITNESS, MEASURE_IMPLS
 from .cost import CostError, grid_cell_seconds, grid_rows
 from .ga import BASELINE
 from .ladder import Ladder, ga_value, parse_rungs
@@ -199,7 +199,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--train-seed", type=seed_int, default=100, help="the first rung seed (default 100, as the first search)")
     p.add_argument("--batch-size", type=positive_int, default=FITNESS.batch_size)
     p.add_argument("--lr", type=positive_float, default=FITNESS.lr)
-    p.add_argument("--measure-impl", default="eager", choices=("eager", "fused"), help="the measure path (default eager)")
+    p.add_argument("--measure-impl", default="eager", choices=MEASURE_IMPLS,
+                   help="the measure path (default eager; triton on CUDA: the Triton kernels, each step one CUDA graph)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--out", default="runs/calibration", help="the journal's folder (default runs/calibration)")
     p.add_argument("--json", action="store_true", help="print the rows as one JSON object on the last line")

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Issue 39 item 2 on one GPU: which fitness design ranks measures as the full recipe does
+# (docs/evidence.md section 6 holds the plan, fixed before any of its results). Two journaled steps,
+# each continued where the last session stopped, all on one kind of GPU:
+#   full       the full recipe (bnn.evidence: mnist_net, all 55,000 Fashion-MNIST training images,
+#              6 epochs, Adam 5e-3 x0.2 after epochs 4 and 5) for 16 measures on seeds 0-5, JOBS at once
+#   calibrate  bnn.search.calibrate: every measure of that grid and XNOR on each rung of the ladder,
+#              then every design's Spearman rho against the grid's test means, its bootstrap interval,
+#              its top-3 agreement and its cost
+# then three files in $OUT (the device tool brings back 8 at most): calibration-gpu.tgz (both journals,
+# reports and every step's output in ROOT/logs: unpack it into runs/ to continue next session),
+# calibration-steps.tsv and summary.txt. Offline, with the machine's python3; installs nothing.
+#
+#   bash bench/gpu_calibration.sh               # on the GPU machine; needs data/fashion-mnist
+#   bash bench/gpu_calibration.sh --cpu-smoke   # here: the same two steps on digits, tiny (under 3 minutes)
+#
+# The device tool runs one command for at most 600 s, so this runs as its own call after
+# bench/gpu_session.sh, e.g. run(command="bash bench/gpu_calibration.sh",
+# carry=["data/fashion-mnist", "runs/calibration-gpu"]) with the four IDX files of Fashion-MNIST in
+# data/fashion-mnist (Debian's dataset-fashion-mnist: /usr/share/datasets/fashion-mnist, 30 MB) and the
+# last session's tarball unpacked into runs/calibration-gpu. BUDGET_S (default 300) bounds the whole run.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-./gpu_out}
+PY=${PYTHON:-python3}
+ROOT=${CAL_ROOT:-runs/calibration-gpu}
+mode=gpu
+case "${1:-}" in
+  --cpu-smoke) mode=cpu ;;
+  "") ;;
+  *) echo "error: unknown option '$1'; give --cpu-smoke or nothing" >&2; exit 2 ;;
+esac
+SEARCH="16-4-4-12-10-4-2,16-17-4-12-10-4-2,16-7-11-12-1-12-2"  # the first search's three best (README)
+if [ "$mode" = gpu ]; then
+  budget=${BUDGET_S:-300}
+  data=(--dataset fashion-mnist --data-dir "${BNN_DATA_DIR:-data/fashion-mnist}")
+  common=(--device cuda --measure-impl triton)
+  grid=(--train-size 0 --epochs 6 --milestones 4,5 --seeds 0,1,2,3,4,5 --jobs "${JOBS:-8}")
+  laplace="M1,M2,M3,M4,M5,M6,M7,M8,M9,M10,$SEARCH"
+  rungs="2:5000,3:15000:2,4:30000:2"
+  if [ ! -f "${data[3]}/train-images-idx3-ubyte.gz" ] && [ ! -f "${data[3]}/train-images-idx3-ubyte" ]; then
+    echo "error: no Fashion-MNIST in ${data[3]}; carry data/fashion-mnist (its four IDX files) or set BNN_DATA_DIR" >&2
+    exit 2
+  fi
+else
+  budget=${BUDGET_S:-175}
+  ROOT=${CAL_ROOT:-$OUT/calibration-smoke}
+  data=(--dataset digits)
+  common=(--device cpu --measure-impl eager)
+  grid=(--epochs 1 --seeds 0,1 --jobs 2)
+  laplace="M6,M7,16-7-11-12-1-12-2"
+  rungs="1:200,1:400:2"
+fi
+mkdir -p "$OUT" "$ROOT/logs" || exit 2
+OUT=$(cd "$OUT" && pwd)
+LOGS=$(cd "$ROOT/logs" && pwd)
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OMP_WAIT_POLICY=PASSIVE
+deadline=$(( $(date +%s) + budget ))
+: > "$OUT/calibration-steps.tsv"
+# A fresh device runs nothing else: a lock carried from the last machine names a process of that one.
+rm -f "$ROOT/full/lock"
+
+step() {  # step NAME COMMAND...: under the time left (none under 20 s), output appended to ROOT/logs/NAME.out and .err
+  local name=$1 left t0 rc
+  shift
+  left=$(( deadline - $(date +%s) ))
+  if [ "$left" -lt 20 ]; then
+    printf '%s\tskipped\t0\n' "$name" >> "$OUT/calibration-steps.tsv"
+    return
+  fi
+  echo "[$name] up to ${left} s: $*"
+  t0=$(date +%s)
+  timeout --kill-after=15 "$left" "$@" >> "$LOGS/$name.out" 2>> "$LOGS/$name.err"
+  rc=$?
+  printf '%s\t%s\t%d\n' "$name" "$rc" $(( $(date +%s) - t0 )) >> "$OUT/calibration-steps.tsv"
+  echo "[$name] exit $rc after $(( $(date +%s) - t0 )) s"
+}
+
+E=("$PY" -m bnn.evidence "${data[@]}" "${common[@]}" "${grid[@]}" --root "$ROOT/full" --real-measures none
+   --no-progress --no-plot)
+step full-raw "${E[@]}" --counts raw --measures baseline,M6
+step full-laplace "${E[@]}" --counts laplace --measures "$laplace"
+step full-freq "${E[@]}" --counts freq --measures M6
+# A step stopped by its timeout journaled its finished cells but wrote no report: rebuild it.
+step full-report "${E[@]}" --table-only
+step calibrate "$PY" -m bnn.search.calibrate --full "$ROOT/full" --rungs "$rungs" "${data[@]}" "${common[@]}" \
+  --out "$ROOT/ladder" --json
+
+{
+  echo "mode $mode, budget ${budget} s, root $ROOT"
+  cat "$OUT/calibration-steps.tsv"
+  grep -h "cells already finished" "$LOGS"/full-*.err | tail -6
+  [ -f "$ROOT/full/results.md" ] && sed -n '/^| measure/,/^$/p' "$ROOT/full/results.md"
+  [ -f "$LOGS/calibrate.out" ] && grep -v '^{' "$LOGS/calibrate.out" | tail -12
+} > "$OUT/summary.txt" 2>&1
+tar czf "$OUT/calibration-gpu.tgz" -C "$(dirname "$ROOT")" "$(basename "$ROOT")"
+cat "$OUT/summary.txt"
+! grep -qvP '\t0\t' "$OUT/calibration-steps.tsv"
