@@ -19,6 +19,8 @@
 # carry=["data/fashion-mnist", "runs/calibration-gpu"]) with the four IDX files of Fashion-MNIST in
 # data/fashion-mnist (Debian's dataset-fashion-mnist: /usr/share/datasets/fashion-mnist, 30 MB) and the
 # last session's tarball unpacked into runs/calibration-gpu. BUDGET_S (default 300) bounds the whole run.
+# mnist_net under the Triton measure matches its eager layers (tests/test_gpu_measure_op.py, under Triton's
+# interpreter here and on the GPU in bench/gpu_session.sh's tests step).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./gpu_out}
@@ -34,7 +36,7 @@ SEARCH="16-4-4-12-10-4-2,16-17-4-12-10-4-2,16-7-11-12-1-12-2"  # the first searc
 if [ "$mode" = gpu ]; then
   budget=${BUDGET_S:-300}
   data=(--dataset fashion-mnist --data-dir "${BNN_DATA_DIR:-data/fashion-mnist}")
-  common=(--device cuda --measure-impl triton)
+  common=(--device cuda --measure-impl "${MEASURE_IMPL:-triton}")  # eager: the plan's fallback (evidence.md section 5)
   grid=(--train-size 0 --epochs 6 --milestones 4,5 --seeds 0,1,2,3,4,5 --jobs "${JOBS:-8}")
   laplace="M1,M2,M3,M4,M5,M6,M7,M8,M9,M10,$SEARCH"
   rungs="2:5000,3:15000:2,4:30000:2"

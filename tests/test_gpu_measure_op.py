@@ -81,6 +81,28 @@ def test_routed_layers_match_the_eager_layers(genome, counts, clip, channels_las
         _close(a, b, f"parameter {i}")
 
 
+def test_mnist_net_routed_matches_its_eager_layers():
+    # The network the GPU calibration trains (bench/gpu_calibration.sh): 28x28 inputs, 7x7 maps (49 pixels, no
+    # power of two), binary 1x1 downsampling of stride 2, a searched genome on laplace counts with exp inside.
+    from bnn.nn.models import mnist_net
+
+    torch.manual_seed(0)
+    eager = mnist_net("16-7-11-12-1-12-2", counts="laplace").to(DEVICE)
+    routed = mnist_net("16-7-11-12-1-12-2", counts="laplace").to(DEVICE)
+    routed.load_state_dict(eager.state_dict())
+    routed = use_triton_measure(routed)
+    g = torch.Generator().manual_seed(2)
+    x, dy = torch.randn(2, 1, 28, 28, generator=g).to(DEVICE), torch.randn(2, 10, generator=g).to(DEVICE)
+    want, got = _run(eager, x, dy), _run(routed, x, dy)
+    _close(got[0], want[0], "logits")
+    _close(got[1], want[1], "dL/dx")
+    names = [name for name, _ in eager.named_parameters()]
+    for name, a, b in zip(names, got[2], want[2]):
+        # Summation order differs (the kernels' partial sums against autograd's): 1e-4 of the largest entry.
+        scale = float(b.abs().max())
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * scale, msg=lambda m, name=name: f"{name}: {m}")
+
+
 def _op_args(genome="M7", counts="laplace"):
     net = use_triton_measure(_net(genome, counts))
     layer = net[0]
