@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 39 item 2 on one GPU: which fitness design ranks measures as the full recipe does
-# (docs/evidence.md section 6 holds the plan, fixed before any of its results). Two journaled steps,
+# (docs/evidence.md section 5 holds the plan, fixed before any of its results). Two journaled steps,
 # each continued where the last session stopped, all on one kind of GPU:
 #   full       the full recipe (bnn.evidence: mnist_net, all 55,000 Fashion-MNIST training images,
 #              6 epochs, Adam 5e-3 x0.2 after epochs 4 and 5) for 16 measures on seeds 0-5, JOBS at once
-#   calibrate  bnn.search.calibrate: every measure of that grid and XNOR on each rung of the ladder,
-#              then every design's Spearman rho against the grid's test means, its bootstrap interval,
-#              its top-3 agreement and its cost
+#   calibrate  bnn.search.calibrate, CAL_WORKERS trainings at once (default 4): every measure of that
+#              grid and XNOR on each rung of the ladder, then every design's Spearman rho against the
+#              grid's test means, its bootstrap interval, its top-3 agreement and its cost
 # then three files in $OUT (the device tool brings back 8 at most): calibration-gpu.tgz (both journals,
 # reports and every step's output in ROOT/logs: unpack it into runs/ to continue next session),
 # calibration-steps.tsv and summary.txt. Offline, with the machine's python3; installs nothing.
@@ -40,6 +40,7 @@ if [ "$mode" = gpu ]; then
   grid=(--train-size 0 --epochs 6 --milestones 4,5 --seeds 0,1,2,3,4,5 --jobs "${JOBS:-8}")
   laplace="M1,M2,M3,M4,M5,M6,M7,M8,M9,M10,$SEARCH"
   rungs="2:5000,3:15000:2,4:30000:2"
+  workers=${CAL_WORKERS:-4}
   if [ ! -f "${data[3]}/train-images-idx3-ubyte.gz" ] && [ ! -f "${data[3]}/train-images-idx3-ubyte" ]; then
     echo "error: no Fashion-MNIST in ${data[3]}; carry data/fashion-mnist (its four IDX files) or set BNN_DATA_DIR" >&2
     exit 2
@@ -52,6 +53,7 @@ else
   grid=(--epochs 1 --seeds 0,1 --jobs 2)
   laplace="M6,M7,16-7-11-12-1-12-2"
   rungs="1:200,1:400:2"
+  workers=2
 fi
 mkdir -p "$OUT" "$ROOT/logs" || exit 2
 OUT=$(cd "$OUT" && pwd)
@@ -86,7 +88,7 @@ step full-freq "${E[@]}" --counts freq --measures M6
 # A step stopped by its timeout journaled its finished cells but wrote no report: rebuild it.
 step full-report "${E[@]}" --table-only
 step calibrate "$PY" -m bnn.search.calibrate --full "$ROOT/full" --rungs "$rungs" "${data[@]}" "${common[@]}" \
-  --out "$ROOT/ladder" --json
+  --workers "$workers" --out "$ROOT/ladder" --json
 
 {
   echo "mode $mode, budget ${budget} s, root $ROOT"

@@ -107,3 +107,20 @@ def test_each_training_records_its_processor_kind_and_another_kinds_journal_is_r
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "NVIDIA H200" in r.stderr and here in r.stderr and "another --out" in r.stderr
     assert path.read_bytes() == before  # nothing trained or appended
+
+
+def test_worker_processes_journal_the_trainings_of_one_process(tmp_path, grid):
+    # Each training is seeded: which worker ran it, and in which order they ended, changes nothing but the
+    # journal's line order and the seconds (the synthetic fitness has no threads; on a CPU a real training's
+    # bits depend on its thread count, so a CPU journal keeps its --workers).
+    strip = lambda p: sorted(json.dumps({k: v for k, v in json.loads(x).items() if k != "wall_s"}, sort_keys=True)  # noqa: E731
+                             for x in p.read_text().splitlines()[1:])
+    one, two = tmp_path / "one", tmp_path / "two"
+    r1, r2 = calibrate(*_args(grid, one)), calibrate(*_args(grid, two), "--workers", "2")
+    assert r1.returncode == 0 and r2.returncode == 0, r2.stderr
+    assert strip(two / "journal.jsonl") == strip(one / "journal.jsonl") and len(strip(one / "journal.jsonl")) == 21
+    designs = lambda r: [(d["design"], d["values"], d["rho"]) for d in json.loads(r.stdout.strip().splitlines()[-1])["designs"]]  # noqa: E731
+    assert designs(r2) == designs(r1)
+    r = calibrate(*_args(grid, two))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--workers 2, not 1" in r.stderr and "thread count" in r.stderr

@@ -76,9 +76,25 @@ def read_journal(path: Path, log) -> tuple[dict | None, dict[str, dict]]:
     return settings, done
 
 
-def train_all(out: Path, settings: dict, cells: list[dict], device: str, data_dir, log) -> dict[str, dict]:
-    """Every (measure, rung, seed) training and XNOR's references not yet journaled, journaled one line each."""
-    from .fitness import Worker
+def _evaluator(fitness: str, train: dict, workers: int, device: str):
+    """One worker in this process, or ``workers`` local worker processes: on CUDA spread over the visible GPUs
+    (all on GPU N for ``cuda:N``), on the CPU sharing its cores, as ``bnn.search``'s pool places them."""
+    from .evaluators import LocalPoolEvaluator, SerialEvaluator
+    from .loop import visible_gpus
+
+    if workers <= 1:
+        return SerialEvaluator(fitness, train)
+    gpus = []
+    if device.startswith("cuda"):  # a pinned worker sees its GPU as cuda
+        gpus, train = ([device.split(":", 1)[1]] if ":" in device else visible_gpus()), {**train, "device": "cuda"}
+    return LocalPoolEvaluator(fitness, train, workers, gpus)
+
+
+def train_all(out: Path, settings: dict, cells: list[dict], device: str, data_dir, log,
+              workers: int = 1) -> dict[str, dict]:
+    """Every (measure, rung, seed) training and XNOR's references not yet journaled, journaled one line each
+    as it ends (``workers`` at once). A training's bits do not depend on which worker ran it, but on a CPU they
+    depend on its thread count (the cores shared among the workers), so a CPU calibration keeps its ``workers``."""
     from .loop import SearchConfig
 
     path = out / JOURNAL
@@ -86,11 +102,14 @@ def train_all(out: Path, settings: dict, cells: list[dict], device: str, data_di
     if saved is None:
         out.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)  # a torn first line
-        append_line(str(path), {"settings": settings})
+        append_line(str(path), {"settings": {**settings, "workers": workers}})
     elif {k: saved.get(k) for k in _KEYS} != {k: settings.get(k) for k in _KEYS}:
         differ = next(k for k in _KEYS if saved.get(k) != settings.get(k))
         raise CostError(f"{out} holds a calibration with {differ}={saved.get(differ)!r}, not {settings.get(differ)!r}; "
                         "use another --out (or the same options)")
+    if not device.startswith("cuda") and saved is not None and saved.get("workers", 1) != workers:
+        raise CostError(f"{out} was trained on the CPU with --workers {saved.get('workers', 1)}, not {workers}: a CPU "
+                        "training's bits depend on its thread count; use the same --workers (or another --out)")
     from ..train.host import cpu_kind, host_info
 
     kind = cpu_kind(host_info(device))  # the processor kind: ranks from two kinds are not one calibration
@@ -107,16 +126,24 @@ def train_all(out: Path, settings: dict, cells: list[dict], device: str, data_di
     train = SearchConfig(dataset=settings["dataset"], model=settings["model"], batch_size=settings["batch_size"],
                          lr=settings["lr"], val_size=settings["val_size"], measure_impl=settings["measure_impl"],
                          data_dir=data_dir, device=device).train_dict()
-    worker = Worker(settings.get("fitness", "train"), train)
-    for i, (genome, counts, r, s) in enumerate(todo, 1):
-        res = worker.run({"seq": 0, "genome": genome, "reject_below": None,
-                          "train": {**lad.train_of(r, s), "counts": counts}})
-        rec = {"key": _job_key(genome, counts, r, s), "genome": genome, "counts": counts, "rung": r, "seed": s,
-               **{k: res.get(k) for k in ("status", "val_acc", "epochs", "wall_s")}, "kind": kind}
-        append_line(str(path), rec)
-        done[rec["key"]] = rec
-        log(f"[{i}/{len(todo)}] {genome} {counts} rung {r} seed {s}: {rec['status']}, val {rec['val_acc']}, "
-            f"{rec['wall_s'] or 0:.0f} s")
+    evaluator = _evaluator(settings.get("fitness", "train"), train, workers, device)
+    try:
+        for seq, (genome, counts, r, s) in enumerate(todo):
+            evaluator.submit({"seq": seq, "genome": genome, "reject_below": None,
+                              "train": {**lad.train_of(r, s), "counts": counts}})
+        finished = 0
+        while finished < len(todo):
+            for seq, res in evaluator.poll():
+                genome, counts, r, s = todo[seq]
+                rec = {"key": _job_key(genome, counts, r, s), "genome": genome, "counts": counts, "rung": r, "seed": s,
+                       **{k: res.get(k) for k in ("status", "val_acc", "epochs", "wall_s")}, "kind": kind}
+                append_line(str(path), rec)
+                done[rec["key"]] = rec
+                finished += 1
+                log(f"[{finished}/{len(todo)}] {genome} {counts} rung {r} seed {s}: {rec['status']}, "
+                    f"val {rec['val_acc']}, {rec['wall_s'] or 0:.0f} s")
+    finally:
+        evaluator.close()
     return done
 
 
@@ -202,6 +229,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--measure-impl", default="eager", choices=MEASURE_IMPLS,
                    help="the measure path (default eager; triton on CUDA: the Triton kernels, each step one CUDA graph)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument("--workers", type=positive_int, default=1,
+                   help="trainings at once, each in a worker process (default 1: in this process)")
     p.add_argument("--out", default="runs/calibration", help="the journal's folder (default runs/calibration)")
     p.add_argument("--json", action="store_true", help="print the rows as one JSON object on the last line")
     p.add_argument("--fitness", default="train", help=argparse.SUPPRESS)  # testing: synthetic:SEED
@@ -226,11 +255,16 @@ def main(argv=None) -> int:
                     "rungs": rungs, "train_seed": args.train_seed, "batch_size": args.batch_size, "lr": args.lr,
                     "val_size": None, "measure_impl": args.measure_impl, "promote": args.promote,
                     "fitness": args.fitness}
-        done = train_all(Path(args.out), settings, cells, args.device, args.data_dir or os.environ.get("BNN_DATA_DIR"), log)
+        done = train_all(Path(args.out), settings, cells, args.device, args.data_dir or os.environ.get("BNN_DATA_DIR"), log,
+                         args.workers)
         rows = calibration(settings, cells, done, grid_cell_seconds(args.full))
     except (CostError, ValueError, OSError) as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: the trainings that ended are journaled in {args.out}; the same command continues",
+              file=sys.stderr)
+        return 130
     print(markdown(rows, cells), end="")
     if args.json:
         print(json.dumps({"cells": cells, "designs": rows}, allow_nan=False))
