@@ -124,3 +124,26 @@ def test_worker_processes_journal_the_trainings_of_one_process(tmp_path, grid):
     r = calibrate(*_args(grid, two))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "--workers 2, not 1" in r.stderr and "thread count" in r.stderr
+
+
+def test_no_cuda_is_one_line_before_anything_is_written(tmp_path, grid):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    r = calibrate("--full", grid, "--rungs", "1:100", "--device", "cuda", "--out", tmp_path / "c")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "CUDA is not available" in r.stderr and not (tmp_path / "c").exists()
+
+
+def test_trainings_that_ended_in_error_are_named_and_trained_again(tmp_path, grid):
+    # A crash is no fact about a measure: no design is computed from it, and the next run retries it.
+    args = [a if a != "synthetic:4" else "synthetic:4,fail=3-3-3-3-0-0-1" for a in _args(grid, tmp_path / "cal")]
+    r = calibrate(*args)
+    last = r.stderr.strip().splitlines()[-1]  # after one progress line per training
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "rho" not in r.stdout
+    assert last.startswith("error: 3 of 21 trainings ended in error (the first, 3-3-3-3-0-0-1/raw/r0/s100: "), last
+    lines = (tmp_path / "cal" / "journal.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 21 and sum('"status": "error"' in x for x in lines) == 3
+    r = calibrate(*args)
+    assert r.returncode == 2 and "3 trainings journaled" not in r.stderr and "18 of 21 trainings journaled" in r.stderr
+    assert len((tmp_path / "cal" / "journal.jsonl").read_text().splitlines()) == 1 + 21 + 3  # the three again

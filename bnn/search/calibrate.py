@@ -121,7 +121,8 @@ def train_all(out: Path, settings: dict, cells: list[dict], device: str, data_di
     jobs = [(BASELINE, "raw", r, s) for r in range(len(settings["rungs"])) for s in lad.seeds(r)]
     jobs += [(c["genome"], c["counts"], r, s) for c in cells for r in range(len(settings["rungs"])) for s in lad.seeds(r)]
     jobs = list(dict.fromkeys(jobs))
-    todo = [j for j in jobs if _job_key(*j) not in done]
+    # A training that ended in error is no fact about its measure (evidence reruns such cells too): trained again.
+    todo = [j for j in jobs if done.get(_job_key(*j), {}).get("status", "error") == "error"]
     log(f"{out}: {len(jobs) - len(todo)} of {len(jobs)} trainings journaled, {len(todo)} to train")
     train = SearchConfig(dataset=settings["dataset"], model=settings["model"], batch_size=settings["batch_size"],
                          lr=settings["lr"], val_size=settings["val_size"], measure_impl=settings["measure_impl"],
@@ -137,6 +138,8 @@ def train_all(out: Path, settings: dict, cells: list[dict], device: str, data_di
                 genome, counts, r, s = todo[seq]
                 rec = {"key": _job_key(genome, counts, r, s), "genome": genome, "counts": counts, "rung": r, "seed": s,
                        **{k: res.get(k) for k in ("status", "val_acc", "epochs", "wall_s")}, "kind": kind}
+                if res.get("status") == "error":
+                    rec["error"] = one_line(res.get("error") or "no message")
                 append_line(str(path), rec)
                 done[rec["key"]] = rec
                 finished += 1
@@ -144,6 +147,10 @@ def train_all(out: Path, settings: dict, cells: list[dict], device: str, data_di
                     f"val {rec['val_acc']}, {rec['wall_s'] or 0:.0f} s")
     finally:
         evaluator.close()
+    failed = [rec for rec in done.values() if rec.get("status") == "error"]
+    if failed:
+        raise CostError(f"{len(failed)} of {len(jobs)} trainings ended in error (the first, {failed[0]['key']}: "
+                        f"{failed[0].get('error', 'no message')}); fix it and run the same command: they train again")
     return done
 
 
@@ -244,6 +251,9 @@ def main(argv=None) -> int:
         return code
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     try:
+        from ..train import resolve_device
+
+        device = str(resolve_device(args.device, args.dataset))  # no CUDA here: one line, before anything is written
         rungs = parse_rungs(args.rungs)
         if args.promote > 1:
             raise CostError(f"--promote must be a fraction in (0, 1], got {args.promote:g}")
@@ -255,7 +265,7 @@ def main(argv=None) -> int:
                     "rungs": rungs, "train_seed": args.train_seed, "batch_size": args.batch_size, "lr": args.lr,
                     "val_size": None, "measure_impl": args.measure_impl, "promote": args.promote,
                     "fitness": args.fitness}
-        done = train_all(Path(args.out), settings, cells, args.device, args.data_dir or os.environ.get("BNN_DATA_DIR"), log,
+        done = train_all(Path(args.out), settings, cells, device, args.data_dir or os.environ.get("BNN_DATA_DIR"), log,
                          args.workers)
         rows = calibration(settings, cells, done, grid_cell_seconds(args.full))
     except (CostError, ValueError, OSError) as exc:
