@@ -372,6 +372,7 @@ def test_jobs_train_cells_in_worker_processes_with_the_serial_results(tmp_path, 
         torch.set_num_threads(threads)
     assert parallel["M1/binary/s1"]["status"] == serial.status
     assert parallel["M1/binary/s1"]["test_acc"] == serial.test_acc
+    assert {r["threads"] for r in parallel.values()} == {max(1, (os.cpu_count() or 1) // 2)}  # journaled per cell
 
 
 def test_jobs_below_one_are_refused(tmp_path, capsys):

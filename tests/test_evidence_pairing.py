@@ -106,6 +106,7 @@ def test_a_trained_cell_records_the_cpu_kind_it_ran_on(tmp_path, capsys):
                  None) if os.path.exists("/proc/cpuinfo") else None
     assert cell["cpu_kind"] == (f"{model or platform.processor() or platform.machine()}; "
                                 f"torch {torch.backends.cpu.get_cpu_capability()}; refimpl {isa.current_path()}")
+    assert cell["threads"] == torch.get_num_threads()  # one job: the cell trained in this process
     md = (root / "results.md").read_text()
     assert "family-wise 95% interval (Bonferroni: 97.50% each)" in md and "| family-wise CI |" in md
 

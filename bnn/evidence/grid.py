@@ -218,6 +218,11 @@ def _worker_cell(cfg) -> dict:
     return {**_train_cell(cfg, _WORKER["data"]), "wall_s": round(time.perf_counter() - t0, 3)}
 
 
+def _worker_threads(jobs: int) -> int:
+    """The torch threads of each of ``jobs`` worker processes: the cores shared among them."""
+    return max(1, (os.cpu_count() or 1) // jobs)
+
+
 def _results_in_parallel(base, todo, configs, jobs: int):
     """Yield (cell, row) as worker processes finish them, in completion order."""
     import multiprocessing as mp
@@ -225,7 +230,7 @@ def _results_in_parallel(base, todo, configs, jobs: int):
 
     ctx = mp.get_context("spawn")  # fork after torch/numba threads start is unsafe
     alive, keep = ctx.Pipe(duplex=False)
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = _worker_threads(jobs)
     with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init,
                              initargs=(base, threads, os.getpid(), alive)) as pool:
         pending = {pool.submit(_worker_cell, configs[c["key"]]): c for c in todo}
@@ -270,19 +275,22 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
             check_protocol(saved, protocol, root)
         todo = [c for c in cells if done.get(c["key"], {}).get("status") not in FINAL]
         log(f"{root}: {len(cells) - len(todo)} of {len(cells)} cells already finished, {len(todo)} to train")
-        from ..train import host, resolve_device
+        from ..train import host as machine
+        from ..train import resolve_device
 
         try:
             device = str(resolve_device(base.device, base.dataset))
         except ValueError as exc:
             raise GridError(str(exc)) from None
-        info = host.host_info(device)
-        host, kind = host.host_label(info), host.cpu_kind(info)
+        info = machine.host_info(device)
+        host, kind = machine.host_label(info), machine.cpu_kind(info)
         bar = _bar(len(todo), progress)
         jobs = min(jobs, len(todo))
+        # A CPU training's bits depend on its thread count too (not part of the kind, which old journals lack).
+        threads = _worker_threads(jobs) if jobs > 1 else info["torch_threads"]
         rows = _results_in_parallel(base, todo, configs, jobs) if jobs > 1 else _results_in_order(base, todo, configs)
         for i, (cell, result) in enumerate(rows, 1):
-            row = {**cell, **result, "device": device, "host": host, "cpu_kind": kind}
+            row = {**cell, **result, "device": device, "host": host, "cpu_kind": kind, "threads": threads}
             append_line(journal, row)
             done[cell["key"]] = row
             if bar is not None:

@@ -58,6 +58,9 @@ def _cell_problem(row) -> str | None:
     if not is_number(row.get("wall_s", 0.0)) or not all(isinstance(row.get(f, ""), (str, type(None)))
                                                       for f in ("host", "cpu_kind")):
         return "has a wall_s, host or cpu_kind of the wrong type"
+    t = row.get("threads", 1)  # cells before threads were recorded have none
+    if not isinstance(t, int) or isinstance(t, bool) or t < 1:
+        return f"has threads {str(t)[:40]!r}, not a positive count"
     return None
 
 
