@@ -35,14 +35,15 @@ esac
 SEARCH="16-4-4-12-10-4-2,16-17-4-12-10-4-2,16-7-11-12-1-12-2"  # the first search's three best (README)
 if [ "$mode" = gpu ]; then
   budget=${BUDGET_S:-300}
-  data=(--dataset fashion-mnist --data-dir "${BNN_DATA_DIR:-data/fashion-mnist}")
+  dir=${BNN_DATA_DIR:-data/fashion-mnist}
+  data=(--dataset fashion-mnist --data-dir "$dir")
   common=(--device cuda --measure-impl "${MEASURE_IMPL:-triton}")  # eager: the plan's fallback (evidence.md section 5)
   grid=(--train-size 0 --epochs 6 --milestones 4,5 --seeds 0,1,2,3,4,5 --jobs "${JOBS:-8}")
   laplace="M1,M2,M3,M4,M5,M6,M7,M8,M9,M10,$SEARCH"
   rungs="2:5000,3:15000:2,4:30000:2"
   workers=${CAL_WORKERS:-4}
-  if [ ! -f "${data[3]}/train-images-idx3-ubyte.gz" ] && [ ! -f "${data[3]}/train-images-idx3-ubyte" ]; then
-    echo "error: no Fashion-MNIST in ${data[3]}; carry data/fashion-mnist (its four IDX files) or set BNN_DATA_DIR" >&2
+  if [ ! -f "$dir/train-images-idx3-ubyte.gz" ] && [ ! -f "$dir/train-images-idx3-ubyte" ]; then
+    echo "error: no Fashion-MNIST in $dir; carry data/fashion-mnist (its four IDX files) or set BNN_DATA_DIR" >&2
     exit 2
   fi
 else

@@ -147,7 +147,7 @@ def train_all(out: Path, settings: dict, cells: list[dict], device: str, data_di
                     f"val {rec['val_acc']}, {rec['wall_s'] or 0:.0f} s")
     finally:
         evaluator.close()
-    failed = [rec for rec in done.values() if rec.get("status") == "error"]
+    failed = [rec for j in jobs if (rec := done[_job_key(*j)]).get("status") == "error"]  # this grid's trainings only
     if failed:
         raise CostError(f"{len(failed)} of {len(jobs)} trainings ended in error (the first, {failed[0]['key']}: "
                         f"{failed[0].get('error', 'no message')}); fix it and run the same command: they train again")
