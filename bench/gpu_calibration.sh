@@ -12,6 +12,8 @@
 # calibration-steps.tsv and summary.txt. Offline, with the machine's python3; installs nothing.
 #
 #   bash bench/gpu_calibration.sh               # on the GPU machine; needs data/fashion-mnist
+#   bash bench/gpu_calibration.sh --cpu         # the same plan on this CPU (the plan's fallback, about 12 h
+#                                               # of a quiet 2-core host: JOBS=2 cells of one thread each)
 #   bash bench/gpu_calibration.sh --cpu-smoke   # here: the same two steps on digits, tiny (under 3 minutes)
 #
 # The device tool runs one command for at most 600 s, so this runs as its own call after
@@ -29,19 +31,31 @@ ROOT=${CAL_ROOT:-runs/calibration-gpu}
 mode=gpu
 case "${1:-}" in
   --cpu-smoke) mode=cpu ;;
+  --cpu) mode=cpu-full ;;
   "") ;;
-  *) echo "error: unknown option '$1'; give --cpu-smoke or nothing" >&2; exit 2 ;;
+  *) echo "error: unknown option '$1'; give --cpu, --cpu-smoke or nothing" >&2; exit 2 ;;
 esac
 SEARCH="16-4-4-12-10-4-2,16-17-4-12-10-4-2,16-7-11-12-1-12-2"  # the first search's three best (README)
-if [ "$mode" = gpu ]; then
-  budget=${BUDGET_S:-300}
+if [ "$mode" != cpu ]; then
   dir=${BNN_DATA_DIR:-data/fashion-mnist}
   data=(--dataset fashion-mnist --data-dir "$dir")
-  common=(--device cuda --measure-impl "${MEASURE_IMPL:-triton}")  # eager: the plan's fallback (evidence.md section 5)
-  grid=(--train-size 0 --epochs 6 --milestones 4,5 --seeds 0,1,2,3,4,5 --jobs "${JOBS:-8}")
   laplace="M1,M2,M3,M4,M5,M6,M7,M8,M9,M10,$SEARCH"
   rungs="2:5000,3:15000:2,4:30000:2"
-  workers=${CAL_WORKERS:-4}
+  if [ "$mode" = gpu ]; then
+    budget=${BUDGET_S:-300}
+    common=(--device cuda --measure-impl "${MEASURE_IMPL:-triton}")  # eager: the plan's fallback (evidence.md section 5)
+    grid=(--train-size 0 --epochs 6 --milestones 4,5 --seeds 0,1,2,3,4,5 --jobs "${JOBS:-8}")
+    workers=${CAL_WORKERS:-4}
+  else
+    # One torch thread per training, as the replication's cells: a CPU training's bits depend on its
+    # thread count (evidence.md section 4). Run it niced in its own autogroup (evidence.md section 4).
+    export OMP_NUM_THREADS=1
+    budget=${BUDGET_S:-864000}
+    ROOT=${CAL_ROOT:-runs/calibration-cpu}
+    common=(--device cpu --measure-impl eager)
+    grid=(--train-size 0 --epochs 6 --milestones 4,5 --seeds 0,1,2,3,4,5 --jobs "${JOBS:-2}")
+    workers=${CAL_WORKERS:-2}
+  fi
   if [ ! -f "$dir/train-images-idx3-ubyte.gz" ] && [ ! -f "$dir/train-images-idx3-ubyte" ]; then
     echo "error: no Fashion-MNIST in $dir; carry data/fashion-mnist (its four IDX files) or set BNN_DATA_DIR" >&2
     exit 2
@@ -63,7 +77,9 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OMP_WAIT_POLICY=PASSIVE
 deadline=$(( $(date +%s) + budget ))
 : > "$OUT/calibration-steps.tsv"
 # A fresh device runs nothing else: a lock carried from the last machine names a process of that one.
-rm -f "$ROOT/full/lock"
+# (On this CPU the lock stays: it is the kernel's, gone with its process, and deleting the file under a
+# running grid would let a second one lock a second file of the same name: bnn/common/runlock.py.)
+[ "$mode" = gpu ] && rm -f "$ROOT/full/lock"
 
 step() {  # step NAME COMMAND...: under the time left (none under 20 s), output appended to ROOT/logs/NAME.out and .err
   local name=$1 left t0 rc
@@ -98,6 +114,6 @@ step calibrate "$PY" -m bnn.search.calibrate --full "$ROOT/full" --rungs "$rungs
   [ -f "$ROOT/full/results.md" ] && sed -n '/^| measure/,/^$/p' "$ROOT/full/results.md"
   [ -f "$LOGS/calibrate.out" ] && grep -v '^{' "$LOGS/calibrate.out" | tail -12
 } > "$OUT/summary.txt" 2>&1
-tar czf "$OUT/calibration-gpu.tgz" -C "$(dirname "$ROOT")" "$(basename "$ROOT")"
+[ "$mode" = gpu ] && tar czf "$OUT/calibration-gpu.tgz" -C "$(dirname "$ROOT")" "$(basename "$ROOT")"
 cat "$OUT/summary.txt"
 ! grep -qvP '\t0\t' "$OUT/calibration-steps.tsv"

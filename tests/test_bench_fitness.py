@@ -116,8 +116,10 @@ def test_the_gpu_session_script_refuses_an_unknown_option(tmp_path):
 
 
 @pytest.mark.parametrize("args, env, message", [
-    (["--bogus"], {}, "error: unknown option '--bogus'; give --cpu-smoke or nothing"),
+    (["--bogus"], {}, "error: unknown option '--bogus'; give --cpu, --cpu-smoke or nothing"),
     ([], {"BNN_DATA_DIR": "/nonexistent/fm"},
+     "error: no Fashion-MNIST in /nonexistent/fm; carry data/fashion-mnist (its four IDX files) or set BNN_DATA_DIR"),
+    (["--cpu"], {"BNN_DATA_DIR": "/nonexistent/fm"},
      "error: no Fashion-MNIST in /nonexistent/fm; carry data/fashion-mnist (its four IDX files) or set BNN_DATA_DIR"),
 ])
 def test_the_gpu_calibration_script_refuses_bad_input_before_writing(tmp_path, args, env, message):
