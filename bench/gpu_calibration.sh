@@ -7,7 +7,7 @@
 #   calibrate  bnn.search.calibrate, CAL_WORKERS trainings at once (default 4): every measure of that
 #              grid and XNOR on each rung of the ladder, then every design's Spearman rho against the
 #              grid's test means, its bootstrap interval, its top-3 agreement and its cost
-# then three files in $OUT (the device tool brings back 8 at most): calibration-gpu.tgz (both journals,
+# then three files in $OUT (the device tool brings back 8 at most): calibration-gpu.tgz (GPU mode only; both journals,
 # reports and every step's output in ROOT/logs: unpack it into runs/ to continue next session),
 # calibration-steps.tsv and summary.txt. Offline, with the machine's python3; installs nothing.
 #
@@ -30,13 +30,13 @@ PY=${PYTHON:-python3}
 ROOT=${CAL_ROOT:-runs/calibration-gpu}
 mode=gpu
 case "${1:-}" in
-  --cpu-smoke) mode=cpu ;;
-  --cpu) mode=cpu-full ;;
+  --cpu-smoke) mode=smoke ;;
+  --cpu) mode=cpu ;;
   "") ;;
   *) echo "error: unknown option '$1'; give --cpu, --cpu-smoke or nothing" >&2; exit 2 ;;
 esac
 SEARCH="16-4-4-12-10-4-2,16-17-4-12-10-4-2,16-7-11-12-1-12-2"  # the first search's three best (README)
-if [ "$mode" != cpu ]; then
+if [ "$mode" != smoke ]; then
   dir=${BNN_DATA_DIR:-data/fashion-mnist}
   data=(--dataset fashion-mnist --data-dir "$dir")
   laplace="M1,M2,M3,M4,M5,M6,M7,M8,M9,M10,$SEARCH"
