@@ -333,7 +333,9 @@ def test_smoke_grid_trains_reports_and_journals_on_digits(tmp_path, capsys):
     assert journal[0]["kind"] == "protocol" and journal[0]["protocol"]["epochs"] == 1
     cells = {r["key"]: r for r in journal[1:]}
     assert sorted(cells) == ["M1/binary/s0", "M1/binary/s1", "baseline/binary/s0", "baseline/binary/s1"]
-    assert all(r["epochs"] == 1 and r["wall_s"] > 0 for r in cells.values())
+    assert all(r["epochs"] == 1 and r["wall_s"] > 0 and 0 < r["cpu_s"] for r in cells.values())
+    assert results["cpu_s"] == {"cells": pytest.approx(sum(r["cpu_s"] for r in cells.values()), abs=0.1),
+                                "cells_counted": 4}
     rows = {r["measure"]: r for r in results["rows"]}
     for m in ("baseline", "M1"):
         ok = [cells[f"{m}/binary/s{s}"]["test_acc"] for s in (0, 1) if cells[f"{m}/binary/s{s}"]["status"] == "ok"]

@@ -68,6 +68,25 @@ def test_every_design_is_recomputed_from_the_journals_lines(tmp_path, grid):
     assert "| ladder to rung 1 (paired) |" in r.stdout
 
 
+@pytest.mark.parametrize("counted", [12, 11])
+def test_on_a_cpu_the_cost_is_cpu_seconds_where_every_cell_has_them(tmp_path, grid, counted):
+    # A niced training's wall time on a shared host says what else ran; its CPU time what it cost. A grid
+    # whose CPU seconds miss a cell (a journal from before them) keeps the wall clock.
+    data = json.loads((grid / "results.json").read_text())
+    (grid / "results.json").write_text(json.dumps({**data, "cpu_s": {"cells": 2400.0, "cells_counted": counted}}))
+    r = calibrate(*_args(grid, tmp_path / "cal"))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    clock, cell_s = ("cpu_s", 200.0) if counted == 12 else ("wall_s", 500.0)
+    assert out["clock"] == clock and ("CPU time)" in r.stdout) == (clock == "cpu_s")
+    lines = [json.loads(x) for x in (tmp_path / "cal" / "journal.jsonl").read_text().splitlines()[1:]]
+    assert all(x["cpu_s"] >= 0 for x in lines)
+    rung0 = {d["design"]: d for d in out["designs"]}["rung 0 paired"]
+    want = sum(x[clock] for x in lines if x["rung"] == 0 and x["genome"] != "0-0-0-0-0-0-1") / 6
+    assert rung0["seconds_per_measure"] == pytest.approx(want, abs=1e-9)
+    assert rung0["fraction_of_full"] == pytest.approx(want / cell_s)
+
+
 def test_a_torn_journal_continues_and_other_settings_are_refused(tmp_path, grid):
     out = tmp_path / "cal"
     assert calibrate(*_args(grid, out)).returncode == 0
@@ -77,7 +96,7 @@ def test_a_torn_journal_continues_and_other_settings_are_refused(tmp_path, grid)
     path.write_bytes(b"".join(lines[:10]) + lines[10][:7])
     r = calibrate(*_args(grid, out))
     assert r.returncode == 0 and "incomplete" in r.stderr and "9 of 21 trainings journaled" in r.stderr
-    strip = lambda b: [{k: v for k, v in json.loads(x).items() if k != "wall_s"} for x in b.splitlines()]  # noqa: E731
+    strip = lambda b: [{k: v for k, v in json.loads(x).items() if k not in ("wall_s", "cpu_s")} for x in b.splitlines()]  # noqa: E731
     assert strip(path.read_bytes()) == strip(whole)
     r = calibrate(*[a if a != "0.5" else "0.4" for a in _args(grid, out)])
     assert r.returncode == 2 and "promote=0.5" in r.stderr and len(r.stderr.strip().splitlines()) == 1
@@ -113,7 +132,8 @@ def test_worker_processes_journal_the_trainings_of_one_process(tmp_path, grid):
     # Each training is seeded: which worker ran it, and in which order they ended, changes nothing but the
     # journal's line order and the seconds (the synthetic fitness has no threads; on a CPU a real training's
     # bits depend on its thread count, so a CPU journal keeps its --workers).
-    strip = lambda p: sorted(json.dumps({k: v for k, v in json.loads(x).items() if k != "wall_s"}, sort_keys=True)  # noqa: E731
+    strip = lambda p: sorted(json.dumps({k: v for k, v in json.loads(x).items() if k not in ("wall_s", "cpu_s")},  # noqa: E731
+                                        sort_keys=True)
                              for x in p.read_text().splitlines()[1:])
     one, two = tmp_path / "one", tmp_path / "two"
     r1, r2 = calibrate(*_args(grid, one)), calibrate(*_args(grid, two), "--workers", "2")

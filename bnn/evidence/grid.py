@@ -193,6 +193,14 @@ def _train_cell(cfg, data) -> dict:
     return {"status": r.status, "val_acc": r.val_acc, "test_acc": r.test_acc, "epochs": r.epochs}
 
 
+def _timed_cell(cfg, data) -> dict:
+    """A cell's result, its wall seconds and its process's CPU seconds: on a shared host a niced cell's
+    wall time says what else ran, its CPU time what the cell cost."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    row = _train_cell(cfg, data)
+    return {**row, "wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(time.process_time() - c0, 3)}
+
+
 # One process per job, each with its own copy of the data set and cores // jobs torch threads:
 # a small network uses two threads poorly, so two one-thread cells train faster than one after the
 # other. A cell's result does not depend on which worker trained it (its seed fixes every draw).
@@ -213,9 +221,7 @@ def _worker_init(base, threads: int, parent_pid: int, alive) -> None:
 
 
 def _worker_cell(cfg) -> dict:
-    t0 = time.perf_counter()
-    cfg = dataclasses.replace(cfg, device=_WORKER["device"])
-    return {**_train_cell(cfg, _WORKER["data"]), "wall_s": round(time.perf_counter() - t0, 3)}
+    return _timed_cell(dataclasses.replace(cfg, device=_WORKER["device"]), _WORKER["data"])
 
 
 def _worker_threads(jobs: int) -> int:
@@ -244,9 +250,7 @@ def _results_in_parallel(base, todo, configs, jobs: int):
 def _results_in_order(base, todo, configs):
     device, data = _load(base)
     for cell in todo:
-        t_cell = time.perf_counter()
-        cfg = dataclasses.replace(configs[cell["key"]], device=device)
-        yield cell, {**_train_cell(cfg, data), "wall_s": round(time.perf_counter() - t_cell, 3)}
+        yield cell, _timed_cell(dataclasses.replace(configs[cell["key"]], device=device), data)
 
 
 def _cell_line(i: int, n: int, row: dict) -> str:
@@ -316,6 +320,9 @@ def build_results(protocol: dict, done: dict[str, dict], device: str, this_run_s
         "host": host.host_info(device),
         "cells_ran_on": sorted({e["host"] for e in entries if e.get("host")}),
         "wall_s": {"cells": round(sum(e.get("wall_s", 0.0) for e in entries), 1), "this_run": round(this_run_s, 1)},
+        # Journals from before cpu_s lack it: counted, so a reader uses it only where it covers every cell.
+        "cpu_s": {"cells": round(sum(e["cpu_s"] for e in entries if "cpu_s" in e), 1),
+                  "cells_counted": sum("cpu_s" in e for e in entries)},
         "cells_done": len(entries),
         "family": family,
         "rows": report.summarize(entries, family=family),

@@ -11,7 +11,9 @@ design is scored by how its values rank the measures against the full recipe's t
   ``bnn.search.ladder.Ladder`` in the grid's order, so its cost is what the search would pay.
 
 For each: Spearman's rho with a 95% bootstrap interval, how many of the full recipe's top 3 it also
-puts in its top 3, and its training seconds per measure, also as a fraction of a full-recipe cell.
+puts in its top 3, and its training seconds per measure, also as a fraction of a full-recipe cell:
+CPU seconds on a CPU (a niced training's wall time on a shared host says what else ran), wall seconds
+on a GPU, or wherever a training or the grid has no CPU seconds recorded (journals from before them).
 Trainings are journaled in ``OUT/journal.jsonl`` (one line each, fsynced): a rerun continues, and
 refuses settings that differ from the journal's first line.
 """
@@ -137,7 +139,7 @@ def train_all(out: Path, settings: dict, cells: list[dict], device: str, data_di
             for seq, res in evaluator.poll():
                 genome, counts, r, s = todo[seq]
                 rec = {"key": _job_key(genome, counts, r, s), "genome": genome, "counts": counts, "rung": r, "seed": s,
-                       **{k: res.get(k) for k in ("status", "val_acc", "epochs", "wall_s")}, "kind": kind}
+                       **{k: res.get(k) for k in ("status", "val_acc", "epochs", "wall_s", "cpu_s")}, "kind": kind}
                 if res.get("status") == "error":
                     rec["error"] = one_line(res.get("error") or "no message")
                 append_line(str(path), rec)
@@ -159,11 +161,12 @@ def _acc(rec: dict) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0.0
 
 
-def designs(settings: dict, cells: list[dict], done: dict[str, dict]) -> list[dict]:
-    """Each design's value per cell and its training seconds per cell (see the module docstring)."""
+def designs(settings: dict, cells: list[dict], done: dict[str, dict], clock: str = "wall_s") -> list[dict]:
+    """Each design's value per cell and its training seconds per cell on ``clock`` (wall_s or cpu_s;
+    see the module docstring)."""
     rungs, lad0 = settings["rungs"], Ladder(settings["rungs"], True, settings["promote"], settings["train_seed"])
     rec = lambda g, c, r, s: done[_job_key(g, c, r, s)]  # noqa: E731
-    secs = lambda g, c, r: sum(float(rec(g, c, r, s).get("wall_s") or 0.0) for s in lad0.seeds(r))  # noqa: E731
+    secs = lambda g, c, r: sum(float(rec(g, c, r, s).get(clock) or 0.0) for s in lad0.seeds(r))  # noqa: E731
     out = []
     for r in range(len(rungs)):
         raw = [mean(_acc(rec(c["genome"], c["counts"], r, s)) for s in lad0.seeds(r)) for c in cells]
@@ -197,11 +200,20 @@ def _budget(rung: dict) -> str:
     return f"{rung['epochs']} epochs, {size} images, {rung['seeds']} seed{'s' if rung['seeds'] > 1 else ''}"
 
 
-def calibration(settings: dict, cells: list[dict], done: dict[str, dict], cell_s: float | None) -> list[dict]:
-    """One row per design: rho and its bootstrap interval, the top 3's agreement, the cost."""
+def cost_clock(device: str, done: dict[str, dict], cpu_cell_s: float | None) -> str:
+    """cpu_s on a CPU where every training and the grid's cells recorded CPU seconds, else wall_s."""
+    if device.startswith("cuda") or cpu_cell_s is None:
+        return "wall_s"
+    return "cpu_s" if all(isinstance(rec.get("cpu_s"), (int, float)) for rec in done.values()) else "wall_s"
+
+
+def calibration(settings: dict, cells: list[dict], done: dict[str, dict], cell_s: float | None,
+                clock: str = "wall_s") -> list[dict]:
+    """One row per design: rho and its bootstrap interval, the top 3's agreement, the cost on ``clock``
+    (``cell_s``: a full-recipe cell's seconds on the same clock)."""
     full = [c["test_mean"] for c in cells]
     rows = []
-    for d in designs(settings, cells, done):
+    for d in designs(settings, cells, done, clock):
         lo, hi = bootstrap_spearman(d["values"], full)
         rows.append({"design": d["design"], "rho": spearman(d["values"], full), "rho_ci": [lo, hi],
                      "top3_agree": top_agreement(d["values"], full) if len(cells) > 3 else None,
@@ -210,11 +222,12 @@ def calibration(settings: dict, cells: list[dict], done: dict[str, dict], cell_s
     return rows
 
 
-def markdown(rows: list[dict], cells: list[dict]) -> str:
+def markdown(rows: list[dict], cells: list[dict], clock: str = "wall_s") -> str:
     """The calibration table."""
     f = lambda v, n=2: "-" if v is None else f"{v:.{n}f}"  # noqa: E731
     lines = [f"Fitness designs against the full recipe over {len(cells)} cells (Spearman's rho, 95% bootstrap "
-             "interval; the full recipe's top 3 found in the design's top 3; training seconds per measure)", "",
+             "interval; the full recipe's top 3 found in the design's top 3; training seconds per measure, "
+             f"{'CPU' if clock == 'cpu_s' else 'wall'} time)", "",
              "| design | rho | 95% interval | top 3 | s per measure | of a full-recipe cell |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['design']} | {f(r['rho'])} | [{f(r['rho_ci'][0])}, {f(r['rho_ci'][1])}] | "
               f"{'-' if r['top3_agree'] is None else r['top3_agree']} of 3 | {f(r['seconds_per_measure'], 1)} | "
@@ -267,7 +280,8 @@ def main(argv=None) -> int:
                     "fitness": args.fitness}
         done = train_all(Path(args.out), settings, cells, device, args.data_dir or os.environ.get("BNN_DATA_DIR"), log,
                          args.workers)
-        rows = calibration(settings, cells, done, grid_cell_seconds(args.full))
+        clock = cost_clock(device, done, grid_cell_seconds(args.full, "cpu_s"))
+        rows = calibration(settings, cells, done, grid_cell_seconds(args.full, clock), clock)
     except (CostError, ValueError, OSError) as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
@@ -275,9 +289,9 @@ def main(argv=None) -> int:
         print(f"interrupted: the trainings that ended are journaled in {args.out}; the same command continues",
               file=sys.stderr)
         return 130
-    print(markdown(rows, cells), end="")
+    print(markdown(rows, cells, clock), end="")
     if args.json:
-        print(json.dumps({"cells": cells, "designs": rows}, allow_nan=False))
+        print(json.dumps({"cells": cells, "designs": rows, "clock": clock}, allow_nan=False))
     return 0
 
 

@@ -251,12 +251,15 @@ def grid_rows(root: str) -> list[dict]:
     return out
 
 
-def grid_cell_seconds(root: str) -> float | None:
-    """The mean training seconds of one cell of an evidence grid (its results.json's wall time over
-    its cells), or None where the file does not say: what a candidate's cost is compared with."""
+def grid_cell_seconds(root: str, clock: str = "wall_s") -> float | None:
+    """The mean training seconds of one cell of an evidence grid on ``clock`` (its results.json's wall_s
+    or cpu_s over its cells), or None where the file does not say (CPU seconds: unless every cell has
+    them): what a candidate's cost is compared with."""
     try:
         data = json.loads(read_regular(Path(root) / "results.json"))
-        secs, n = data["wall_s"]["cells"], data["cells_done"]
+        secs, n = data[clock]["cells"], data["cells_done"]
+        if clock == "cpu_s" and data[clock]["cells_counted"] != n:
+            return None
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (secs, n))

@@ -339,13 +339,14 @@ class Worker:
 
     def run(self, job: dict) -> dict:
         """Never raises: an application error is a result with status "error"."""
-        t0 = time.time()
+        t0, c0 = time.time(), time.process_time()
         try:
             out = self._run(job)
         except Exception as exc:  # noqa: BLE001 - any failure of one candidate is that candidate's result
             out = {"status": "error", "val_acc": None, "val_acc_per_epoch": [], "epochs": 0,
                    "error": f"{type(exc).__name__}: {exc}"[:500]}
         out.setdefault("wall_s", time.time() - t0)
+        out["cpu_s"] = time.process_time() - c0  # this process's CPU seconds: a training's cost on a shared CPU
         out["pid"] = os.getpid()
         return out
 
