@@ -12,7 +12,7 @@
 # calibration-steps.tsv and summary.txt. Offline, with the machine's python3; installs nothing.
 #
 #   bash bench/gpu_calibration.sh               # on the GPU machine; needs data/fashion-mnist
-#   bash bench/gpu_calibration.sh --cpu         # the same plan on this CPU (the plan's fallback, about 12 h
+#   bash bench/gpu_calibration.sh --cpu         # the same plan on this CPU (the plan's fallback, about 16 h
 #                                               # of a quiet 2-core host: JOBS=2 cells of one thread each)
 #   bash bench/gpu_calibration.sh --cpu-smoke   # here: the same two steps on digits, tiny (under 3 minutes)
 #
