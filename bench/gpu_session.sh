@@ -10,7 +10,7 @@
 #
 # Steps, the most important first:
 #   env     the GPU, driver, torch, CUDA, triton, and that every import the steps need is there
-#   tests   tests/test_gpu_measure_triton.py, test_gpu_measure_op.py, test_graph_step.py on CUDA: the compiled
+#   tests   tests/test_gpu_measure_triton.py, test_gpu_measure_op.py, test_gpu_relax.py, test_graph_step.py on CUDA: the compiled
 #           kernels against refimpl and eager autograd, one graph for 20 genomes, the captured step replayed
 #   graphs  bench_fitness.py --triton --graphs: binary and float ResNet-18 under the same step (the whole
 #           step one CUDA graph), K = 2 processes beside the one measured alone, a new genome on the kept
@@ -100,7 +100,7 @@ make_cifar(sys.argv[1], per_batch=int(sys.argv[2]), archive=False)" "$data" "$SE
 export -f env_report search_e2e
 export mode PY OUT
 BF=(bench/bench_fitness.py --json)
-GT=(tests/test_gpu_measure_triton.py tests/test_gpu_measure_op.py tests/test_graph_step.py)
+GT=(tests/test_gpu_measure_triton.py tests/test_gpu_measure_op.py tests/test_gpu_relax.py tests/test_graph_step.py)
 if [ "$mode" = gpu ]; then
   export SEARCH_PER_BATCH=2000
   step env 30 bash -c env_report

@@ -34,6 +34,7 @@ from ..nn.measure import initial_alpha
 from . import measure_kernels as kernels
 from .counts import count_sums
 from .measure_tables import rows_of, unary_tables
+from .relax import relax
 
 
 @torch.library.custom_op("bnn_gpu::measure", mutates_args=())
@@ -108,7 +109,8 @@ def _triton_forward(self, x: Tensor) -> Tensor:
             raise RuntimeError("bnn.gpu: run one eager forward of this input size before torch.compile "
                                "(it builds each layer's window geometry and tables)")
         _geometry(self, x4, w4, geometry)
-    a, px, pw, round_counts = count_sums(ste_sign(x4, 1.0), ste_sign(w4, None), *geometry)
+    xb, xsum = relax(x4)  # ste_sign(x4, 1.0)'s sign and its 0/1 relaxation in one pass, the backward in one
+    a, px, pw, round_counts = count_sums(xb, ste_sign(w4, None), *geometry, xsum=xsum)
     y = measure(a, px, pw, self._gpu_nsz, self._gpu_rows, self._gpu_codes, self.alpha, self._gpu_tab,
                 self._gpu_dtab, kernels.CONVENTION_CODES[self.counts], self.measure_grad_clip, round_counts)
     return y.view(y.shape[:2]) if x.dim() == 2 else y

@@ -112,18 +112,19 @@ def half_plus_half(t: torch.Tensor) -> torch.Tensor:
     return t.add(1.0).mul_(0.5)
 
 
-def window_sums_forward(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation) -> tuple:
+def window_sums_forward(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation, xsum=None) -> tuple:
     """The forward both count convolutions share (this module's and bnn/gpu/counts.py's), autocast off:
-    ``(a, px, pw, saved)`` with ``saved = (xb, wb, xsum, ones_k, mask, wsum)``, what their backward reads."""
+    ``(a, px, pw, saved)`` with ``saved = (xb, wb, xsum, ones_k, mask, wsum)``, what their backward reads.
+    Given ``xsum`` (its channel sum), ``x`` is already the 0/1 relaxation (bnn/gpu/relax.py makes both)."""
     dtype = compute_dtype(x)
     with no_autocast(x.device):
-        xb = half_plus_half(x.to(dtype))
+        xb = half_plus_half(x.to(dtype)) if xsum is None else x
         wb = half_plus_half(w.to(dtype))
         conv = dict(stride=stride, padding=padding, dilation=dilation)
         a = F.conv2d(xb, wb, **conv)
         ones_k = torch.ones((1, 1) + tuple(wb.shape[2:]), dtype=dtype, device=x.device)
         mask = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=dtype, device=x.device)
-        xsum = xb.sum(1, keepdim=True)
+        xsum = xb.sum(1, keepdim=True) if xsum is None else xsum
         wsum = wb.sum(1, keepdim=True)
         px = F.conv2d(xsum, ones_k, **conv)
         pw = F.conv2d(mask, wsum, **conv)
