@@ -53,7 +53,7 @@ class StepLoop:
         if binary and opts["triton"]:
             from bnn.gpu.measure_op import prime_geometry, use_triton_measure
 
-            prime_geometry(use_triton_measure(model), (3, 32, 32))
+            prime_geometry(use_triton_measure(model, opts.get("relax", True)), (3, 32, 32))
         self.model, self.data, self.batch, self.binary, self.opts = model, data, opts["batch"], binary, opts
         mode = {"mode": "reduce-overhead"} if opts["cudagraphs"] else {}
         self.forward = torch.compile(model, backend=opts["compile_backend"], **mode) if opts["compile"] else model

@@ -23,7 +23,7 @@
 #   inductor the same step with torch.compile (inductor) under the capture: the elementwise work around
 #           the measure operator fused (binary only)
 #   profile bench/profile_step.py: the captured step's wall time against its kernels' time, and the kernels
-#           that take it (binary M6 under laplace, float)
+#           that take it (binary M6 under laplace, the same with the inputs binarized unfused, float)
 # then $OUT/summary.txt (and summary.json): each step's exit status and time, the numbers, and the
 # issue's targets checked. Exit status 0 when every step ran and exited 0.
 set -u
@@ -110,7 +110,7 @@ if [ "$mode" = gpu ]; then
   step search 100 bash -c 'search_e2e "$@"' _ cuda --measure-impl triton --step graphs --train-size 5000 \
     --val-size 1000 --population 3 --max-evaluations 5
   step inductor 100 "$PY" "${BF[@]}" --device cuda --triton --graphs --compile --no-float --k none
-  step profile 60 "$PY" bench/profile_step.py --device cuda --networks M6:laplace,float --top 12
+  step profile 75 "$PY" bench/profile_step.py --device cuda --networks M6:laplace,M6:laplace:unfused,float --top 12
 else
   # Triton's interpreter runs the tests (a few of them: it is slow); a ResNet-18 under it would take hours, so
   # the benches time the same step (GraphStep, uncaptured on a CPU) with the eager measure, and the search

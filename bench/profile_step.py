@@ -33,7 +33,8 @@ def build_parser() -> OneLineParser:
     p = OneLineParser(description=__doc__.split("\n\n")[0], epilog="Prints one table per network.")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     p.add_argument("--networks", default="baseline:raw,M6:laplace,float",
-                   help="GENOME:COUNTS of binary networks and 'float', comma-separated (default %(default)s)")
+                   help="GENOME:COUNTS[:unfused] of binary networks and 'float', comma-separated (default "
+                        "%(default)s); ':unfused' binarizes the layers' inputs with torch's operators, not bnn/gpu/relax.py")
     p.add_argument("--model", default="resnet18", help="default resnet18 (mnist_net with --tiny)")
     p.add_argument("--batch", type=positive_int, default=128, help="images per step (default 128)")
     p.add_argument("--steps", type=positive_int, default=20, help="profiled and timed steps (default 20)")
@@ -45,9 +46,9 @@ def build_parser() -> OneLineParser:
 
 def _loop(data, spec: str, args, capture: bool) -> StepLoop:
     binary = spec != "float"
-    genome, counts = spec.split(":") if binary else ("baseline", "raw")
+    genome, counts, *how = spec.split(":") if binary else ("baseline", "raw")
     triton = binary and data.device.type == "cuda"
-    opts = {"batch": args.batch, "compile": False, "compile_backend": None, "measure_op": False,
+    opts = {"relax": how != ["unfused"], "batch": args.batch, "compile": False, "compile_backend": None, "measure_op": False,
             "fused_adam": True, "cudagraphs": False, "triton": triton, "graphs": True, "counts": counts,
             "model": args.model}
     loop = StepLoop(data, genome, binary, opts)
@@ -92,14 +93,19 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         build_parser().error("--device cuda: no CUDA device here; give --device cpu")
+    specs = [spec.strip() for spec in args.networks.split(",")]
+    for spec in specs:
+        parts = spec.split(":")
+        if spec != "float" and (len(parts) not in (2, 3) or parts[2:] not in ([], ["unfused"])):
+            build_parser().error(f"--networks: '{spec}' is not GENOME:COUNTS, GENOME:COUNTS:unfused or float")
     setup_backend(device)
     data = synthetic_data(max(10 * args.batch, 64), device)
     print(f"host: {machine()}" + (f"; GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""))
     print(f"{args.model}, batch {args.batch}, {args.steps} steps after {args.warmup}; bench_fitness.py's graphs step, "
           f"fused Adam; profiled uncaptured")
-    for spec in args.networks.split(","):
+    for spec in specs:
         t0 = time.perf_counter()
-        r = profile(data, spec.strip(), args)
+        r = profile(data, spec, args)
         kern = f", kernels {r['kernel_ms']:.2f} ms" if r["kernel_ms"] is not None else ""
         print(f"\n== {r['network']}: wall {r['wall_captured_ms']:.2f} ms/step captured, "
               f"{r['wall_uncaptured_ms']:.2f} uncaptured{kern} ({time.perf_counter() - t0:.0f} s to measure)")

@@ -33,6 +33,14 @@ def test_the_cpu_profile_reports_each_network_and_the_profilers_own_operators():
     assert "convolution" in float_rows and "convolution" in r.stdout.split("== float:")[0]
 
 
+@pytest.mark.parametrize("spec", ["M6", "M6:laplace:fused", "M6:laplace:unfused:x"])
+def test_a_network_the_profile_cannot_read_is_refused_in_one_line(spec):
+    r = run_main(_load("profile_step").main, "--device", "cpu", "--tiny", "--networks", f"float,{spec}")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines()[-1] == (f"error: --networks: '{spec}' is not GENOME:COUNTS, "
+                                                 "GENOME:COUNTS:unfused or float")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 @pytest.mark.parametrize("args, interpreted, line", [
     (["--device", "cuda"], True, "error: --device cuda: no CUDA device here; give --device cpu under TRITON_INTERPRET=1"),

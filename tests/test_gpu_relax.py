@@ -121,6 +121,28 @@ def test_counts_and_gradients_are_the_unfused_paths_bits(geometry, w_shape, chan
     assert results[1][3].abs().sum() > 0  # the gradient reached x
 
 
+def test_a_routed_network_has_the_same_bits_either_way(monkeypatch):
+    from torch import nn
+
+    from bnn.gpu import measure_op
+    from bnn.nn.layers import BinaryConv2d
+
+    results, calls = [], []
+    monkeypatch.setattr(measure_op, "relax", lambda x: calls.append(x.shape) or R.relax(x))
+    for one_pass in (False, True):
+        torch.manual_seed(12)
+        net = nn.Sequential(BinaryConv2d(3, 6, 3, padding=1, measure="M6", counts="laplace"), nn.BatchNorm2d(6),
+                            BinaryConv2d(6, 4, 3, stride=2, measure="M6", counts="laplace")).to(DEVICE)
+        measure_op.use_triton_measure(net, relax_in_one_pass=one_pass)
+        x = _x((2, 3, 6, 6), 13).nan_to_num(0.0, 2.0, -2.0).requires_grad_()
+        out = net(x)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(14)).to(DEVICE))
+        results.append([out.detach(), x.grad] + [q.grad for q in net.parameters()])
+    assert len(results[0]) == 8 and all(torch.equal(u, v) for u, v in zip(*results)), "the two paths differ"
+    assert results[1][1].abs().sum() > 0
+    assert calls == [(2, 3, 6, 6), (2, 6, 6, 6)]  # each layer of the one-pass network, none of the other
+
+
 def test_opcheck_passes():
     x = _x((2, 3, 4, 5), 11, channels_last=True)
     torch.library.opcheck(R.relax, (x.nan_to_num(0.0, 2.0, -2.0),))

@@ -109,8 +109,11 @@ def _triton_forward(self, x: Tensor) -> Tensor:
             raise RuntimeError("bnn.gpu: run one eager forward of this input size before torch.compile "
                                "(it builds each layer's window geometry and tables)")
         _geometry(self, x4, w4, geometry)
-    xb, xsum = relax(x4)  # ste_sign(x4, 1.0)'s sign and its 0/1 relaxation in one pass, the backward in one
-    a, px, pw, round_counts = count_sums(xb, ste_sign(w4, None), *geometry, xsum=xsum)
+    if self._gpu_relax:  # ste_sign(x4, 1.0)'s sign and its 0/1 relaxation in one pass, the backward in one
+        xb, xsum = relax(x4)
+        a, px, pw, round_counts = count_sums(xb, ste_sign(w4, None), *geometry, xsum=xsum)
+    else:
+        a, px, pw, round_counts = count_sums(ste_sign(x4, 1.0), ste_sign(w4, None), *geometry)
     y = measure(a, px, pw, self._gpu_nsz, self._gpu_rows, self._gpu_codes, self.alpha, self._gpu_tab,
                 self._gpu_dtab, kernels.CONVENTION_CODES[self.counts], self.measure_grad_clip, round_counts)
     return y.view(y.shape[:2]) if x.dim() == 2 else y
@@ -120,15 +123,16 @@ def _layers(model: torch.nn.Module):
     return [m for m in model.modules() if isinstance(m, (BinaryConv2d, BinaryLinear))]
 
 
-def use_triton_measure(model: torch.nn.Module) -> torch.nn.Module:
+def use_triton_measure(model: torch.nn.Module, relax_in_one_pass: bool = True) -> torch.nn.Module:
     """Route every ``BinaryConv2d`` and ``BinaryLinear`` of ``model`` through ``bnn_gpu::measure`` (in place;
-    returns ``model``). The counts must be float32 (the kernels' dtype)."""
+    returns ``model``). The counts must be float32 (the kernels' dtype). ``relax_in_one_pass=False`` binarizes
+    the inputs with torch's operators instead of bnn/gpu/relax.py (the same bits; for timing the two)."""
     for layer in _layers(model):
         if layer.alpha.dtype != torch.float32:
             raise ValueError(f"bnn.gpu's measure runs in float32; this layer's alpha is {layer.alpha.dtype}")
         codes = torch.tensor(layer.genome.codes, dtype=torch.int32, device=layer.weight.device)
         layer.register_buffer("_gpu_codes", codes, persistent=False)
-        layer._gpu_hw = None
+        layer._gpu_hw, layer._gpu_relax = None, relax_in_one_pass
         layer.forward = types.MethodType(_triton_forward, layer)
     return model
 
