@@ -28,7 +28,8 @@ plus alpha's gradient as partial sums per (batch chunk, pixel block); the launch
 partials (a deterministic order, no atomics).
 
 Arithmetic is refimpl's float32 arithmetic: division is IEEE-rounded (``div_rn``; Triton's ``/``
-on a GPU is an approximate division), ``max``/``min`` propagate NaN and pick the first operand on
+on a GPU is an approximate division), no multiply and add fused into one FMA (``NO_CONTRACTION``: Triton
+contracts them by default), ``max``/``min`` propagate NaN and pick the first operand on
 ties (``refimpl/_numba_ops.py``'s ``nan_max``/``nan_min``), squares are products. The only
 operation that is not correctly rounded is ``exp`` in binary operators 10-13: libdevice's ``expf``
 on a GPU (within 2 ulp), NumPy's under Triton's interpreter (``TRITON_INTERPRET=1``), which cannot
@@ -52,6 +53,11 @@ from triton.language.extra import libdevice
 from .require import interpreted
 
 INTERPRETED = interpreted()
+# Every launch compiles without floating-point contraction: Triton fuses a multiply feeding an add into one
+# FMA by default (one rounding where refimpl and torch's autograd round twice): 48 of them in the forward
+# (code 13's exp(-(z * z))) and 28 in the backward (e.g. code 5's div_rn(g, s) + gy), found in the PTX
+# compiled for sm_90 (tests/test_gpu_ptx.py reads it for every kernel).
+NO_CONTRACTION = {"enable_fp_fusion": False}
 CONVENTION_CODES = {"raw": 0, "freq": 1, "laplace": 2}
 ALPHA, ALPHA_MUL, ALPHA_ADD, ZERO = 15, 16, 17, 1  # refimpl/operators.py's codes the kernels treat apart
 
@@ -417,7 +423,7 @@ def forward(a, px, pw, nsz, rows, codes, alpha, tab, round_counts: bool):
     grid = (triton.cdiv(p, bp), triton.cdiv(o, bo), triton.cdiv(n_img, nb))
     measure_forward_kernel[grid](a, px, pw, nsz, rows, codes, alpha, tab, out, n_img, o, p, width, *_spatial(a),
                                  tab.shape[-1], tab[0].numel(), nb, ROUND=bool(round_counts), INTERP=INTERPRETED,
-                                 BO=bo, BP=bp, I64=_wide_offsets(a, out), num_warps=FORWARD.warps)
+                                 BO=bo, BP=bp, I64=_wide_offsets(a, out), num_warps=FORWARD.warps, **NO_CONTRACTION)
     return out
 
 
@@ -440,7 +446,7 @@ def backward(dy, a, px, pw, nsz, rows, codes, alpha, tab, dtab, convention: int,
         dy, a, px, pw, nsz, rows, codes, alpha, tab, dtab, ga, gpx_part, gpw_part, gal_part,
         n_img, o, p, width, *_spatial(a), *_spatial(dy), tab.shape[-1], tab[0].numel(), nb, limit,
         CONV=convention, CLIP=clip is not None, ROUND=bool(round_counts), INTERP=INTERPRETED, BO=bo, BP=bp,
-        I64=_wide_offsets(a, dy, ga, gpx_part, gpw_part, gal_part), num_warps=BACKWARD.warps)
+        I64=_wide_offsets(a, dy, ga, gpx_part, gpw_part, gal_part), num_warps=BACKWARD.warps, **NO_CONTRACTION)
     gpx = gpx_part.sum(1).view(px.shape)
     gpw = gpw_part.sum(0).view(pw.shape)
     galpha = gal_part.sum((0, 1))

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .measure_kernels import INTERPRETED, _sum, _wide, _wide_offsets
+from .measure_kernels import INTERPRETED, NO_CONTRACTION, _sum, _wide, _wide_offsets
 
 CLIP = 1.0  # the activations' straight-through window, as _triton_forward's ste_sign(x, 1.0)
 BLOCK_C, BLOCK_P, WARPS = 32, 64, 4  # on a GPU; the interpreter takes the whole tensor in one program
@@ -54,7 +54,7 @@ def relax_forward_kernel(x_ptr, xb_ptr, xsum_ptr, C, P, W, x_n, x_c, x_h, x_w, o
 @triton.jit
 def relax_backward_kernel(g_ptr, gs_ptr, x_ptr, dx_ptr, C, P, W, g_n, g_c, g_h, g_w, x_n, x_c, x_h, x_w, clip,
                           BC: tl.constexpr, BP: tl.constexpr, I64: tl.constexpr):
-    """dL/dx = where(|x| <= clip, (dL/dxb + dL/dxsum) / 2, 0) for one block of BP pixels of one image (dx has x's strides)."""
+    """dL/dx = where(|x| <= clip, (dL/dxb + dL/dxsum) / 2, 0) for BP pixels of one image (dx: x's strides)."""
     n = _wide(tl.program_id(1), I64)
     p = _wide(tl.program_id(0), I64) * BP + tl.arange(0, BP)
     mp = p < P
@@ -93,7 +93,7 @@ def relax(x: Tensor) -> tuple[Tensor, Tensor]:
     bc, bp, warps = _blocks(c, height * width)
     relax_forward_kernel[(triton.cdiv(height * width, bp), n)](
         x, xb, xsum, c, height * width, width, *x.stride(), *xb.stride(), BC=bc, BP=bp,
-        I64=_wide_offsets(x, xb), num_warps=warps)
+        I64=_wide_offsets(x, xb), num_warps=warps, **NO_CONTRACTION)
     return xb, xsum
 
 
@@ -110,7 +110,7 @@ def relax_backward(g_xb: Tensor, g_xsum: Tensor, x: Tensor) -> Tensor:
     bc, bp, warps = _blocks(c, height * width)
     relax_backward_kernel[(triton.cdiv(height * width, bp), n)](
         g_xb, g_xsum.contiguous(), x, dx, c, height * width, width, *g_xb.stride(), *x.stride(), CLIP, BC=bc, BP=bp,
-        I64=_wide_offsets(g_xb, x, dx), num_warps=warps)
+        I64=_wide_offsets(g_xb, x, dx), num_warps=warps, **NO_CONTRACTION)
     return dx
 
 
