@@ -168,7 +168,8 @@ CELL = {"key": "M1/binary/laplace/s0", "measure": "M1", "genome": "3-0-3-0-0-1-6
                                            ({"downsample": "sideways", "key": "M1/sideways/laplace/s0"}, "downsample"),
                                            ({"seed": 1}, "key"), ({"genome": "9-9-9-9-99-0-0"}, "genome"),
                                            ({"threads": 0}, "threads"), ({"threads": True}, "threads"),
-                                           ({"threads": "2"}, "threads")])
+                                           ({"threads": "2"}, "threads"), ({"cpu_s": "927"}, "a wall_s, cpu_s"),
+                                           ({"cpu_s": None}, "a wall_s, cpu_s")])
 def test_an_evidence_cell_whose_fields_contradict_each_other_is_one_error_line(tmp_path, change, field, capsys):
     root = tmp_path / "ev"
     root.mkdir()

@@ -55,9 +55,9 @@ def _cell_problem(row) -> str | None:
         v = row.get(field)
         if not (v is None and row["status"] != "ok") and not is_accuracy(v):
             return f"has {field} {v!r}, not an accuracy in 0..1"
-    if not is_number(row.get("wall_s", 0.0)) or not all(isinstance(row.get(f, ""), (str, type(None)))
-                                                      for f in ("host", "cpu_kind")):
-        return "has a wall_s, host or cpu_kind of the wrong type"
+    if not all(is_number(row.get(f, 0.0)) for f in ("wall_s", "cpu_s")) or not all(
+            isinstance(row.get(f, ""), (str, type(None))) for f in ("host", "cpu_kind")):
+        return "has a wall_s, cpu_s, host or cpu_kind of the wrong type"  # cells before cpu_s have none
     t = row.get("threads", 1)  # cells before threads were recorded have none
     if not isinstance(t, int) or isinstance(t, bool) or t < 1:
         return f"has threads {str(t)[:40]!r}, not a positive count"

@@ -29,7 +29,7 @@ from pathlib import Path
 from refimpl.cli import OneLineParser, one_line, positive_float, positive_int, seed_int
 from refimpl.fileio import read_regular
 
-from ..common.jsonl import append_line, cut_to
+from ..common.jsonl import append_line, cut_to, is_number
 from ..common.stats import bootstrap_spearman, mean, spearman, top_agreement
 from ..settings import DEFAULT_MODEL, FITNESS, MEASURE_IMPLS
 from .cost import CostError, grid_cell_seconds, grid_rows
@@ -204,7 +204,7 @@ def cost_clock(device: str, done: dict[str, dict], cpu_cell_s: float | None) -> 
     """cpu_s on a CPU where every training and the grid's cells recorded CPU seconds, else wall_s."""
     if device.startswith("cuda") or cpu_cell_s is None:
         return "wall_s"
-    return "cpu_s" if all(isinstance(rec.get("cpu_s"), (int, float)) for rec in done.values()) else "wall_s"
+    return "cpu_s" if all(is_number(rec.get("cpu_s")) for rec in done.values()) else "wall_s"
 
 
 def calibration(settings: dict, cells: list[dict], done: dict[str, dict], cell_s: float | None,
