@@ -167,3 +167,38 @@ def test_trainings_that_ended_in_error_are_named_and_trained_again(tmp_path, gri
     r = calibrate(*args)
     assert r.returncode == 2 and "3 trainings journaled" not in r.stderr and "18 of 21 trainings journaled" in r.stderr
     assert len((tmp_path / "cal" / "journal.jsonl").read_text().splitlines()) == 1 + 21 + 3  # the three again
+
+
+def _row(design, rho, fraction):
+    return {"design": design, "rho": rho, "fraction_of_full": fraction}
+
+
+R0 = _row("rung 0 (2 epochs, 5,000 images, 1 seed)", 0.5, 0.03)
+
+
+@pytest.mark.parametrize("rows, chosen, reason", [
+    # the rule of docs/evidence.md section 5, case by case
+    ([R0, _row("rung 1 paired", 0.85, 0.27), _row("ladder to rung 1 (paired)", 0.82, 0.12)],
+     "ladder to rung 1 (paired)", "rho 0.82 at 0.120"),  # the better rung costs more than a quarter
+    ([R0, _row("a", 0.9, 0.2), _row("b", 0.9, 0.1)], "b", "b: rho 0.90 at 0.100"),  # a tie: the cheaper
+    ([R0, _row("a", 0.79, 0.2)], None, "below rho 0.8"),
+    ([_row("rung 0 (x)", 0.85, 0.03), _row("rung 0 paired", 0.85, 0.03)], None, "not above rung 0's rho 0.85"),
+    ([_row("a", None, 0.1), _row("b", 0.95, 0.26)], None, "no design costs at most 0.25"),
+    ([R0, _row("a", 0.9, None)], None, "no cost"),
+])
+def test_the_decision_follows_the_rule_fixed_before_the_results(rows, chosen, reason):
+    from bnn.search.calibrate import decide
+
+    d = decide(rows)
+    assert d["design"] == chosen and reason in d["reason"], d
+
+
+def test_the_command_prints_its_decision(tmp_path, grid):
+    r = calibrate(*_args(grid, tmp_path / "cal"))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    line = next(x for x in r.stdout.splitlines() if x.startswith("Decision (docs/evidence.md section 5): "))
+    if out["decision"]["design"] is None:
+        assert "Algorithm 1's fitness stays the default; " + out["decision"]["reason"] in line
+    else:
+        assert "the search's default becomes " + out["decision"]["reason"] in line

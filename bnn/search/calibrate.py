@@ -222,6 +222,25 @@ def calibration(settings: dict, cells: list[dict], done: dict[str, dict], cell_s
     return rows
 
 
+def decide(rows: list[dict], max_fraction: float = 0.25, min_rho: float = 0.8) -> dict:
+    """The search's default by the rule docs/evidence.md section 5 fixed before any result: among the designs
+    that cost at most ``max_fraction`` of a full-recipe cell per measure, the highest rho (the cheaper on a tie)
+    if it is at least ``min_rho`` and above rung 0's (Algorithm 1's fitness); else Algorithm 1 stays."""
+    rung0 = next((r["rho"] for r in rows if r["design"].startswith("rung 0 (")), None)
+    if any(r["fraction_of_full"] is None for r in rows):
+        return {"design": None, "reason": "no cost: the full-recipe grid records no cell seconds on this clock"}
+    eligible = [r for r in rows if r["rho"] is not None and r["fraction_of_full"] <= max_fraction]
+    if not eligible:
+        return {"design": None, "reason": f"no design costs at most {max_fraction:g} of a full-recipe cell"}
+    best = min(eligible, key=lambda r: (-r["rho"], r["fraction_of_full"]))
+    said = f"{best['design']}: rho {best['rho']:.2f} at {best['fraction_of_full']:.3f} of a full-recipe cell"
+    if best["rho"] < min_rho:
+        return {"design": None, "reason": f"the best within the cost, {said}, is below rho {min_rho:g}"}
+    if rung0 is not None and not best["rho"] > rung0:
+        return {"design": None, "reason": f"the best within the cost, {said}, is not above rung 0's rho {rung0:.2f}"}
+    return {"design": best["design"], "reason": said}
+
+
 def markdown(rows: list[dict], cells: list[dict], clock: str = "wall_s") -> str:
     """The calibration table."""
     f = lambda v, n=2: "-" if v is None else f"{v:.{n}f}"  # noqa: E731
@@ -289,9 +308,13 @@ def main(argv=None) -> int:
         print(f"interrupted: the trainings that ended are journaled in {args.out}; the same command continues",
               file=sys.stderr)
         return 130
+    decision = decide(rows)
     print(markdown(rows, cells, clock), end="")
+    print("\nDecision (docs/evidence.md section 5): "
+          + (f"the search's default becomes {decision['reason']}" if decision["design"] else
+             f"Algorithm 1's fitness stays the default; {decision['reason']}"))
     if args.json:
-        print(json.dumps({"cells": cells, "designs": rows, "clock": clock}, allow_nan=False))
+        print(json.dumps({"cells": cells, "designs": rows, "clock": clock, "decision": decision}, allow_nan=False))
     return 0
 
 
