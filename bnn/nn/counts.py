@@ -132,9 +132,11 @@ def window_sums_forward(x: torch.Tensor, w: torch.Tensor, stride, padding, dilat
 
 
 class _CountsConv2d(torch.autograd.Function):
+    # Given xsum, x is the 0/1 relaxation xb (bnn/nn/relax.py) and the gradients are dL/dxb and dL/dxsum; else
+    # x holds +-1 values and dL/dx = (dL/dxb + broadcast_C(dL/dxsum)) / 2, the 1/2 in the small operands.
     @staticmethod
-    def forward(ctx, x, w, stride, padding, dilation):
-        a, px, pw, saved = window_sums_forward(x, w, stride, padding, dilation)
+    def forward(ctx, x, w, stride, padding, dilation, xsum=None):
+        a, px, pw, saved = window_sums_forward(x, w, stride, padding, dilation, xsum)
         ones_k, mask = saved[3], saved[4]
         with no_autocast(x.device):
             n = F.conv2d(mask, ones_k, stride=stride, padding=padding, dilation=dilation)
@@ -152,6 +154,7 @@ class _CountsConv2d(torch.autograd.Function):
         ctx.save_for_backward(*saved)
         ctx.conv = (stride, padding, dilation)
         ctx.in_dtypes = (x.dtype, w.dtype)
+        ctx.half = 1.0 if xsum is not None else 0.5  # dL/dxb itself, or dL/dx of +-1 inputs
         return a, b, c, d
 
     @staticmethod
@@ -159,6 +162,9 @@ class _CountsConv2d(torch.autograd.Function):
         xb, wb, xsum, ones_k, mask, wsum = ctx.saved_tensors
         stride, padding, dilation = ctx.conv
         need_x, need_w = ctx.needs_input_grad[:2]
+        half = ctx.half
+        relaxed = half == 1.0
+        need_xsum = relaxed and ctx.needs_input_grad[5]
         g_a, scale = _weighted_sum(((ga, 1.0), (gd, 1.0), (gb, -1.0), (gc, -1.0)))
         g_px = _diff_of_sums(gc, gd, 1)
         g_pw = _diff_of_sums(gb, gd, 0)
@@ -168,15 +174,19 @@ class _CountsConv2d(torch.autograd.Function):
             if g_a is not None:
                 # dL/da = scale * g_a; scale and dL/dx = dL/dxb / 2 both go into the small weight.
                 gx, gw, _ = torch.ops.aten.convolution_backward(
-                    g_a, xb, wb * (0.5 * scale), None, *conv_args, [need_x, need_w, False]
+                    g_a, xb, wb * (half * scale), None, *conv_args, [need_x, need_w, False]
                 )
                 grad_x = gx
                 grad_w = gw.mul_(0.5 * scale) if gw is not None else None
-            if need_x and g_px is not None:
+            grad_xsum = None
+            if ((need_x and not relaxed) or need_xsum) and g_px is not None:
                 gxs, _, _ = torch.ops.aten.convolution_backward(
-                    g_px, xsum, ones_k * 0.5, None, *conv_args, [True, False, False]
+                    g_px, xsum, ones_k * half, None, *conv_args, [True, False, False]
                 )
-                grad_x = gxs.expand_as(xb) if grad_x is None else grad_x.add_(gxs)
+                if relaxed:  # bnn/nn/relax.py adds the two (and halves them) in its own pass
+                    grad_xsum = gxs
+                else:
+                    grad_x = gxs.expand_as(xb) if grad_x is None else grad_x.add_(gxs)
             if need_w and g_pw is not None:
                 _, gws, _ = torch.ops.aten.convolution_backward(
                     g_pw, mask, wsum, None, *conv_args, [False, True, False]
@@ -187,7 +197,7 @@ class _CountsConv2d(torch.autograd.Function):
             grad_x = grad_x.to(ctx.in_dtypes[0]) if need_x else None
         if grad_w is not None:
             grad_w = grad_w.to(ctx.in_dtypes[1]) if need_w else None
-        return grad_x, grad_w, None, None, None
+        return grad_x, grad_w, None, None, None, grad_xsum
 
 
 def _weighted_sum(terms):
@@ -274,10 +284,11 @@ class _CountsDense(torch.autograd.Function):
         return grad_x, grad_w
 
 
-def counts_conv2d(x: torch.Tensor, w: torch.Tensor, stride=1, padding=0, dilation=1):
+def counts_conv2d(x: torch.Tensor, w: torch.Tensor, stride=1, padding=0, dilation=1, xsum=None):
     """a, b, c, d of a binary 2-D convolution (cross-correlation): x NCHW, w OIHW, +-1 values.
 
-    Padded taps count in none of a, b, c, d. Four float tensors (N, O, Ho, Wo), differentiable.
+    Padded taps count in none of a, b, c, d. Four float tensors (N, O, Ho, Wo), differentiable. Given
+    ``xsum``, ``x`` is already the 0/1 relaxation and ``xsum`` its channel sum (bnn/nn/relax.py's ``relax``).
     """
     if x.dim() != 4:
         raise ValueError(f"x must be NCHW (4-D), got shape {tuple(x.shape)}")
@@ -297,7 +308,7 @@ def counts_conv2d(x: torch.Tensor, w: torch.Tensor, stride=1, padding=0, dilatio
     _check_exact(compute_dtype(x), x.shape[1] * w.shape[2] * w.shape[3], (w.shape[2], w.shape[3]))
     if 0 in x.shape or 0 in w.shape:
         return _zero_counts(x, w, (x.shape[0], w.shape[0], out_h, out_w))
-    return _CountsConv2d.apply(x, w, stride, padding, dilation)
+    return _CountsConv2d.apply(x, w, stride, padding, dilation, xsum)
 
 
 def window_sizes(x: torch.Tensor, w: torch.Tensor, stride=1, padding=0, dilation=1) -> torch.Tensor:

@@ -16,6 +16,8 @@ from refimpl.kernels.geometry import int_pair
 from ..settings import MEASURE_IMPLS
 from .counts import counts_conv2d, counts_dense, window_sizes
 from .measure import convert_counts, initial_alpha, measure
+from .relax import applies as relax_applies
+from .relax import relax
 
 
 def sign(x: torch.Tensor) -> torch.Tensor:
@@ -173,7 +175,11 @@ class BinaryConv2d(BinaryMeasureLayer):
     def forward(self, x):
         """Measure values (N, O, Ho, Wo) of the counts between sign(x) (N, C, H, W) and the signed weights."""
         geometry = (self.stride, self.padding, self.dilation)
-        counts = counts_conv2d(ste_sign(x, 1.0), ste_sign(self.weight, None), *geometry)
+        if relax_applies(x):  # ste_sign(x, 1.0) and the count convolution's 0/1 relaxation in one pass each way
+            xb, xsum = relax(x)
+            counts = counts_conv2d(xb, ste_sign(self.weight, None), *geometry, xsum=xsum)
+        else:
+            counts = counts_conv2d(ste_sign(x, 1.0), ste_sign(self.weight, None), *geometry)
         n = window_sizes(x, self.weight, *geometry) if self.counts != "raw" else None
         return self._measure_counts(counts, n)
 

@@ -348,7 +348,7 @@ def _task(mod, name: str) -> int:
 
 
 def _run(mod, name: str, rows: int, *args) -> None:
-    threads = _threads()
+    threads = numba_threads()
     run_tasks(_task(mod, name), _PARTS_PER_THREAD * threads, rows, *args)
 
 
@@ -450,10 +450,16 @@ def apply(genome, a, b, c, d, alpha, counts: str = DEFAULT_COUNTS, n=None, table
 _NONE = torch.empty((1, 1, 1), dtype=torch.float32)
 
 
-def _threads() -> int:
-    # Numba's pool as wide as torch's, so the two do not oversubscribe the cores.
-    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+def numba_threads() -> int:
+    """Numba's pool as wide as torch's, so the two do not oversubscribe the cores; returns its width."""
+    torch_threads = torch.get_num_threads()
+    threads = max(1, min(torch_threads, numba.config.NUMBA_NUM_THREADS))
     numba.set_num_threads(threads)
+    # Numba's OpenMP pool, launched by its first use in a process, sets OpenMP's width to all of Numba's
+    # threads, and torch reads its own width from OpenMP: a one-thread training went on with every core's
+    # thread (other bits, and two such trainings oversubscribed two cores). Put torch's back.
+    if torch.get_num_threads() != torch_threads:
+        torch.set_num_threads(torch_threads)
     return threads
 
 
