@@ -24,7 +24,9 @@
 # /usr/share/datasets/fashion-mnist, 30 MB); it continues the committed state. BUDGET_S (default 300) bounds
 # the whole run. mnist_net's layers under the Triton measure match their eager twins
 # (tests/test_gpu_measure_op.py, under Triton's interpreter here and on the GPU in bench/gpu_session.sh's tests
-# step). On 2026-11-28 one H200 ran the 12 raw cells in 101 s and 49 of the 78 laplace cells in 294 s (8 at once).
+# step). On 2026-11-28 one H200 ran the 12 raw cells in 101 s and 49 of the 78 laplace cells in 294 s (8 at once),
+# as the second of two calls on one warm machine: gpu_session.sh with BUDGET_S=370 (timeout_s 430), then this
+# with BUDGET_S=395 (timeout_s 450) issued within the machine's 30 s warm window: 803 s of a 900 s lease.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./gpu_out}

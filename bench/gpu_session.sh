@@ -20,10 +20,11 @@
 #   search  python -m bnn.search on CIFAR-shaped data (random files in CIFAR-10's format when $BNN_DATA_DIR
 #           has no CIFAR-10): it journals, is killed (SIGKILL) after its first result, resumes, prints its
 #           leaderboard
+#   profile bench/profile_step.py: the captured step's wall time against its kernels' time, and the kernels
+#           that take it (binary M6 under laplace, the same with the inputs binarized unfused, float); before inductor, whose
+#           compile took the last 41 s of a 370 s budget without a number (2026-11-28)
 #   inductor the same step with torch.compile (inductor) under the capture: the elementwise work around
 #           the measure operator fused (binary only)
-#   profile bench/profile_step.py: the captured step's wall time against its kernels' time, and the kernels
-#           that take it (binary M6 under laplace, the same with the inputs binarized unfused, float)
 # then $OUT/summary.txt (and summary.json): each step's exit status and time, the numbers, and the
 # issue's targets checked. Exit status 0 when every step ran and exited 0.
 set -u
@@ -109,8 +110,8 @@ if [ "$mode" = gpu ]; then
   step full 120 "$PY" "${BF[@]}" --device cuda --triton --graphs --counts laplace --full-genome M6 --full-only
   step search 100 bash -c 'search_e2e "$@"' _ cuda --measure-impl triton --step graphs --train-size 5000 \
     --val-size 1000 --population 3 --max-evaluations 5
-  step inductor 100 "$PY" "${BF[@]}" --device cuda --triton --graphs --compile --no-float --k none
   step profile 75 "$PY" bench/profile_step.py --device cuda --networks M6:laplace,M6:laplace:unfused,float --top 12
+  step inductor 100 "$PY" "${BF[@]}" --device cuda --triton --graphs --compile --no-float --k none
 else
   # Triton's interpreter runs the tests (a few of them: it is slow); a ResNet-18 under it would take hours, so
   # the benches time the same step (GraphStep, uncaptured on a CPU) with the eager measure, and the search
@@ -125,9 +126,9 @@ else
     --full-only --full-epochs 1
   step search 60 bash -c 'search_e2e "$@"' _ cpu --measure-impl eager --step eager --model mnist_net --train-size 32 \
     --val-size 16 --batch-size 16 --population 2 --max-evaluations 3
+  step profile 30 "$PY" bench/profile_step.py --device cpu --tiny --networks M6:laplace,float --top 5
   step inductor 40 "$PY" "${BF[@]}" --device cpu --tiny --model mnist_net --graphs --compile --compile-backend aot_eager \
     --images 12 --warmup 1 --steps 1 --no-float --k none
-  step profile 30 "$PY" bench/profile_step.py --device cpu --tiny --networks M6:laplace,float --top 5
 fi
 
 "$PY" - "$OUT" "$mode" <<'EOF' | tee "$OUT/summary.txt"
