@@ -4,11 +4,12 @@
 # each continued where the last session stopped, all on one kind of GPU:
 #   full       the full recipe (bnn.evidence: mnist_net, all 55,000 Fashion-MNIST training images,
 #              6 epochs, Adam 5e-3 x0.2 after epochs 4 and 5) for 16 measures on seeds 0-5, JOBS at once
-#   calibrate  bnn.search.calibrate, CAL_WORKERS trainings at once (default 4): every measure of that
+#   calibrate  bnn.search.calibrate, CAL_WORKERS trainings at once (default 8 on a GPU, as
+#              the grid's JOBS: a cost is wall time, read under the same sharing): every measure of that
 #              grid and XNOR on each rung of the ladder, then every design's Spearman rho against the
 #              grid's test means, its bootstrap interval, its top-3 agreement and its cost
 # then three files in $OUT (the device tool brings back 8 at most): calibration-gpu.tgz (GPU mode only; both journals,
-# reports and every step's output in ROOT/logs: unpack it into runs/ to continue next session),
+# reports and every step's output in ROOT/logs: unpack it over docs/evidence-runs and commit it, below),
 # calibration-steps.tsv and summary.txt. Offline, with the machine's python3; installs nothing. After a GPU
 # session, commit its state where the next one starts from:
 #   tar xzf calibration-gpu.tgz -C docs/evidence-runs --exclude=calibration-gpu/full/lock
@@ -49,7 +50,7 @@ if [ "$mode" != smoke ]; then
     budget=${BUDGET_S:-300}
     common=(--device cuda --measure-impl "${MEASURE_IMPL:-triton}")  # eager: the plan's fallback (evidence.md section 5)
     grid=(--train-size 0 --epochs 6 --milestones 4,5 --seeds 0,1,2,3,4,5 --jobs "${JOBS:-8}")
-    workers=${CAL_WORKERS:-4}
+    workers=${CAL_WORKERS:-8}  # as many at once as the grid's cells: a training's wall time is its cost
   else
     # One torch thread per training, as the replication's cells: a CPU training's bits depend on its
     # thread count (evidence.md section 4). Run it niced in its own autogroup (evidence.md section 4).
