@@ -4,10 +4,13 @@ The oracle ladder's last rung. For drawn input batches, a digits_net per measure
 digits-sized net that downsamples (``verify/nets.py``) with each shortcut kind of docs/design.md section 6,
 binary and real (BatchNorm statistics set from data, random per-channel alphas where the genome
 has them) is run in PyTorch (eval, float32) and through ``bnn.export`` + ``refimpl.engine``:
-predictions must be identical, logits within 1e-4 of each image's largest logit, and for the
-baseline every binary layer's integer counts identical to ``bnn.counts_conv2d`` on the same
+predictions must be identical, logits within 1e-4 of each image's largest logit (a batch where an
+activation within float32 rounding of zero binarized apart in the two, found from the layers' counts,
+is set aside as a non-finite one is), and for the baseline every binary layer's integer counts identical to ``bnn.counts_conv2d`` on the same
 binarized activations. The CIFAR architectures are checked the same way in ``tests/test_infer.py``.
 """
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -97,9 +100,53 @@ def test_engine_predicts_what_torch_predicts(exported, case, data):
     # agreement. Hypothesis fails the test if it cannot find enough finite ones.
     assume(np.isfinite(expected).all())
     got = cpu.run(x.numpy().copy())
-    np.testing.assert_array_equal(got.argmax(1), expected.argmax(1))
     scale = np.abs(expected).max(axis=1, keepdims=True)
-    assert (np.abs(got - expected) / scale).max() <= 1e-4
+    if (np.abs(got - expected) / scale).max() > 1e-4 or not np.array_equal(got.argmax(1), expected.argmax(1)):
+        # The two agree to float32 rounding, not to the bit: an activation within rounding of zero
+        # binarizes one way here and the other way there, and the rest of the network differs by design.
+        # Such a batch says nothing about agreement, as a non-finite one; anything else is a failure.
+        assume(not _a_sign_flipped_at_zero(model, cpu, x))
+        np.testing.assert_array_equal(got.argmax(1), expected.argmax(1))
+        assert (np.abs(got - expected) / scale).max() <= 1e-4
+
+
+def _a_sign_flipped_at_zero(model, cpu, x, near=1e-5) -> bool:
+    """Whether the first binary layer whose counts differ between torch and the engine has an input within
+    ``near`` of its largest magnitude from zero in torch (a sign the two round apart), every earlier layer's
+    counts identical."""
+    inputs = []
+    handles = [m.register_forward_hook(lambda layer, i, _o: inputs.append((layer, i[0])))
+               for m in model.modules() if isinstance(m, BinaryConv2d)]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    _, records = cpu.run(x.numpy().copy(), debug=True)
+    assert len(records) == len(inputs) > 0
+    for (layer, inp), rec in zip(inputs, records):
+        counts = counts_conv2d(sign(inp), sign(layer.weight), layer.stride, layer.padding, layer.dilation)
+        if any(not np.array_equal(rec[k], t.numpy().astype(np.int64)) for k, t in zip("abcd", counts)):
+            return bool((inp.abs() <= near * inp.abs().max()).any())
+    return False
+
+
+def test_the_flip_check_excuses_a_flip_at_zero_and_nothing_else(exported):
+    model, cpu = exported["digits_net", "binary", "M7", "laplace"]
+    # Digits image 728: an input of the third binary layer is 6e-7 in torch and binarizes apart in the engine
+    # (found by this test's draws: logits 2.6e-3 apart, counts identical up to that layer).
+    assert _a_sign_flipped_at_zero(model, cpu, _normalized([728]))
+    assert not _a_sign_flipped_at_zero(model, cpu, _normalized([0]))  # the same counts in both
+    changed = copy.deepcopy(model)  # one weight sign of the first binary layer differs from the engine's
+    first = next(m for m in changed.modules() if isinstance(m, BinaryConv2d))
+    with torch.no_grad():
+        first.weight[0, 0, 1, 1] *= -1
+        x = _normalized([0])
+        wrong = changed(x).numpy()
+    got = cpu.run(x.numpy().copy())
+    assert (np.abs(got - wrong) / np.abs(wrong).max()).max() > 1e-4  # the comparison would fail here...
+    assert not _a_sign_flipped_at_zero(changed, cpu, x)  # ...and is not excused
 
 
 @pytest.mark.parametrize("net,kind", [("digits_net", "binary"), ("downsampling_net", "binary"),
