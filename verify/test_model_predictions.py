@@ -110,13 +110,16 @@ def test_engine_predicts_what_torch_predicts(exported, case, data):
         assert (np.abs(got - expected) / scale).max() <= 1e-4
 
 
-def _a_sign_flipped_at_zero(model, cpu, x, near=1e-5) -> bool:
-    """Whether the first binary layer whose counts differ between torch and the engine has an input within
-    ``near`` of its largest magnitude from zero in torch (a sign the two round apart), every earlier layer's
-    counts identical."""
-    inputs = []
-    handles = [m.register_forward_hook(lambda layer, i, _o: inputs.append((layer, i[0])))
-               for m in model.modules() if isinstance(m, BinaryConv2d)]
+def _layers_in_both(model, cpu, x) -> list:
+    """Per binary layer, in order: (its input in torch, torch's counts of that input binarized, the engine's
+    debug record of the layer) for the batch ``x``."""
+    seen = []
+
+    def hook(layer, inputs, _output):
+        xb = sign(inputs[0])
+        seen.append((inputs[0], counts_conv2d(xb, sign(layer.weight), layer.stride, layer.padding, layer.dilation)))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, BinaryConv2d)]
     try:
         with torch.no_grad():
             model(x)
@@ -124,9 +127,15 @@ def _a_sign_flipped_at_zero(model, cpu, x, near=1e-5) -> bool:
         for h in handles:
             h.remove()
     _, records = cpu.run(x.numpy().copy(), debug=True)
-    assert len(records) == len(inputs) > 0
-    for (layer, inp), rec in zip(inputs, records):
-        counts = counts_conv2d(sign(inp), sign(layer.weight), layer.stride, layer.padding, layer.dilation)
+    assert len(records) == len(seen) > 0
+    return [(inp, counts, rec) for (inp, counts), rec in zip(seen, records)]
+
+
+def _a_sign_flipped_at_zero(model, cpu, x, near=1e-5) -> bool:
+    """Whether the first binary layer whose counts differ between torch and the engine has an input within
+    ``near`` of its largest magnitude from zero in torch (a sign the two round apart), every earlier layer's
+    counts identical."""
+    for inp, counts, rec in _layers_in_both(model, cpu, x):
         if any(not np.array_equal(rec[k], t.numpy().astype(np.int64)) for k, t in zip("abcd", counts)):
             return bool((inp.abs() <= near * inp.abs().max()).any())
     return False
@@ -157,21 +166,6 @@ def test_baseline_layer_counts_are_identical(exported, net, kind, data):
     model, cpu = exported[net, kind, "baseline", "raw"]
     idx = data.draw(st.lists(st.integers(0, len(_IMAGES) - 1), min_size=1, max_size=16), label="images")
     x = _normalized(idx)
-    seen = []
-
-    def hook(layer, inputs, _output):
-        xb = sign(inputs[0])
-        seen.append(counts_conv2d(xb, sign(layer.weight), layer.stride, layer.padding, layer.dilation))
-
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, BinaryConv2d)]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    _, records = cpu.run(x.numpy().copy(), debug=True)
-    assert len(records) == len(seen) > 0
-    for rec, counts in zip(records, seen):
+    for _, counts, rec in _layers_in_both(model, cpu, x):
         for key, t in zip("abcd", counts):
             np.testing.assert_array_equal(rec[key], t.numpy().astype(np.int64), err_msg=f"{rec['name']} {key}")
