@@ -206,7 +206,11 @@ print("targets" + (" (CPU smoke: the numbers are not measured, the plumbing is)"
 for what, (value, ok) in targets.items():
     shown = f"{value:.2f}" if isinstance(value, float) else value
     print(f"  {'MET ' if ok else 'NOT '} {what}: {shown}")
+failed = [ln for ln in text("tests").splitlines() if ln.startswith(("FAILED ", "ERROR "))]
+for line in failed:  # which tests, and the first lines of why, without unpacking the tarball
+    print(f"  tests: {line[:300]}")
 (out / "summary.json").write_text(json.dumps({"mode": mode, "steps": steps, "graphs": graphs, "full": whole,
-                                              "targets": {k: {"value": v, "met": ok} for k, (v, ok) in targets.items()}}))
+                                              "targets": {k: {"value": v, "met": ok} for k, (v, ok) in targets.items()},
+                                              "failed_tests": failed}))
 EOF
 ! grep -qv $'\t0\t' "$OUT/steps.tsv"
