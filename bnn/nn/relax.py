@@ -3,8 +3,9 @@ the straight-through estimator backward (bnn/gpu/relax.py is the GPU's, with the
 
 With torch's operators ``ste_sign(x, 1.0)`` and the count convolution's relaxation cost a compare and a select
 (``sign``), an add and a multiply (``(1 + s) / 2``) and a reduction (the channel sum) over the full-size
-activation, and backward an add of the window-sum part, an ``abs``, a compare and a select: on ``mnist_net`` at
-batch 128, one torch thread, about a sixth of the baseline's training step. Here, in Numba:
+activation, and backward an add of the window-sum part, an ``abs``, a compare and a select, each a pass of its
+own. One pass each way makes ``mnist_net``'s CPU training step 0.85-0.92x as long (``bench/bench_relax_cpu.py``,
+docs/performance.md). Here, in Numba:
 
     xb = 1 if x >= 0 else 0        xsum = sum_C xb                 (NaN binarizes to 0, as ``sign`` to -1)
     dL/dx = (dL/dxb + dL/dxsum) / 2 where |x| <= 1, else 0        (dL/dxsum broadcast over the channels)
