@@ -46,8 +46,10 @@ if _LOG:
                 disp = d.get("dispatcher")
                 py = getattr(disp, "py_func", None)
                 name = f"{getattr(py, '__module__', '?')}.{getattr(py, '__qualname__', '?')}"
+                # pytest sets PYTEST_CURRENT_TEST in its workers, and the tests' subprocesses inherit it.
+                test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
                 line = json.dumps({"pid": os.getpid(), "kernel": name, "args": str(d.get("args"))[:200],
-                                   "s": round(seconds, 4), "depth": len(self.starts)})
+                                   "s": round(seconds, 4), "depth": len(self.starts), "test": test})
                 fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 try:
                     os.write(fd, (line + "\n").encode())
@@ -105,6 +107,18 @@ def summarize(records: list[dict]) -> tuple[float, list[tuple[float, int, int, s
     return total, rows
 
 
+def by_test(records: list[dict]) -> list[tuple[float, int, str]]:
+    """(outermost compile seconds, compiles, test) slowest first: the test that was running when each
+    compile happened (its own process or a subprocess it started); "" for compiles outside a test."""
+    seconds: dict[str, float] = collections.defaultdict(float)
+    count: dict[str, int] = collections.Counter()
+    for r in records:
+        if r["depth"] == 0:
+            seconds[r.get("test", "")] += r["s"]
+            count[r.get("test", "")] += 1
+    return sorted(((seconds[t], count[t], t) for t in seconds), key=lambda row: (-row[0], row[2]))
+
+
 def main(argv=None) -> int:
     """Run the command under the listener (unless --report-only), then print the summary."""
     p = OneLineParser(prog="bench/compile_log.py", description=__doc__.splitlines()[0])
@@ -139,6 +153,12 @@ def main(argv=None) -> int:
     print(f"{'seconds':>9} {'compiles':>8} {'procs':>5}  kernel")
     for s, n, procs, kernel in rows[:args.top]:
         print(f"{s:9.1f} {n:8d} {procs:5d}  {kernel}")
+    tests = by_test(records)
+    if any(t for _, _, t in tests):
+        print(f"\nthe tests that compiled most (of {len(tests)}; compiles while each ran, subprocesses included):")
+        print(f"{'seconds':>9} {'compiles':>8}  test")
+        for s, n, test in tests[:args.top]:
+            print(f"{s:9.1f} {n:8d}  {test or '(outside any test)'}")
     return rc
 
 

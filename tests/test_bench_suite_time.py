@@ -44,3 +44,15 @@ def test_compile_log_counts_outermost_compiles_once_and_processes_per_kernel(tmp
     total, rows = m.summarize(m.read_log(str(log)))
     assert total == 9.0  # the callee's 2 s are inside its caller's 5 s
     assert rows == [(9.0, 2, 2, "k.outer"), (0.0, 1, 1, "k.tile")]
+
+
+def test_compile_log_sums_each_tests_outermost_compiles(tmp_path):
+    spec = importlib.util.spec_from_file_location("compile_log_under_test", SCRIPT.parent / "compile_log.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    records = [{"pid": 1, "kernel": "k.tile", "s": 2.0, "depth": 1, "test": "t.py::a"},
+               {"pid": 1, "kernel": "k.outer", "s": 5.0, "depth": 0, "test": "t.py::a"},
+               {"pid": 2, "kernel": "k.outer", "s": 4.0, "depth": 0, "test": "t.py::b"},
+               {"pid": 3, "kernel": "k.other", "s": 1.5, "depth": 0, "test": "t.py::b"},
+               {"pid": 4, "kernel": "k.old", "s": 0.5, "depth": 0}]  # a log written before tests were recorded
+    assert m.by_test(records) == [(5.5, 2, "t.py::b"), (5.0, 1, "t.py::a"), (0.5, 1, "")]

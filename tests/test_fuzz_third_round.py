@@ -230,6 +230,10 @@ def test_fuzzed_checkpoint_is_exported_consistently_or_one_value_error(tmp_path,
 
 LIMIT_GIB = 0.25  # the fuzz's engine limit: small, so that refusals happen and the bound is exercised
 RUN_VALUES = 4096  # inputs of at most this many values per image are run
+# No tables and two: what a file's geometry can make the engine allocate (tables have a row per
+# window size under freq and laplace) depends on the table count, not on which operators fill them.
+# M5 too compiled three more generated modules, 27 s of a cold suite's CPU (docs/performance.md).
+FILE_GENOMES = ("baseline", "M1")
 
 
 def _seed(counts, genome, side, real):
@@ -252,7 +256,7 @@ def _geometry_paths(meta):
 @given(data=st.data())
 def test_fuzzed_bnn_with_conventions_and_large_geometry_stays_within_the_limit(data, tmp_path, monkeypatch):
     counts = data.draw(st.sampled_from(CONVENTIONS))
-    meta, tensors = _seed(counts, data.draw(st.sampled_from(sorted(GENOMES))), data.draw(st.sampled_from([8, 16])),
+    meta, tensors = _seed(counts, data.draw(st.sampled_from(FILE_GENOMES)), data.draw(st.sampled_from([8, 16])),
                           data.draw(st.booleans()))
     for _ in range(data.draw(st.integers(1, 3))):
         what = data.draw(st.sampled_from(["geometry", "geometry", "side", "counts", "version"]))
