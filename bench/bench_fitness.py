@@ -24,10 +24,15 @@ It prints, and with --json writes as one JSON line:
   evaluation on the generated images and times it instead;
 * evaluations per hour at K concurrent evaluations per device (--k, default 1,2,4): K processes
   run the measured step loop at the same time; 3600 x their aggregate images/s / (epochs x 45,000).
+* the same for K models in this one process (--streams, default 2,4 on CUDA): each its own step
+  (its own captured graph with --graphs), the K stepped in lockstep, each on a CUDA stream of its
+  own. Processes take turns on a GPU (time slices), while one process's streams can run kernels
+  side by side: this says whether a worker that trains K candidates at once would gain.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -56,9 +61,11 @@ BARRIER_S = 1800  # longest wait of a K process for the others to be ready (comp
 NEW_GENOMES = ("M2", "M6", "M3")  # paper measures (M6 trained to 70% in the README's evidence)
 # Networks that take CIFAR's 3x32x32 images; the smaller ones keep a CPU smoke short.
 CIFAR_SHAPED = ("resnet18", "resnet34", "vgg13", "nin", "mnist_net")
-TINY = {"images": 64, "batch": 4, "steps": 1, "warmup": 1, "k": [1, 2]}
-DEFAULTS = {"cuda": {"images": 50_000, "batch": FITNESS.batch_size, "steps": 50, "warmup": 10, "k": [1, 2, 4]},
-            "cpu": {"images": 50_000, "batch": FITNESS.batch_size, "steps": 3, "warmup": 1, "k": [1, 2, 4]}}
+TINY = {"images": 64, "batch": 4, "steps": 1, "warmup": 1, "k": [1, 2], "streams": [2]}
+DEFAULTS = {"cuda": {"images": 50_000, "batch": FITNESS.batch_size, "steps": 50, "warmup": 10, "k": [1, 2, 4],
+                     "streams": [2, 4]},
+            "cpu": {"images": 50_000, "batch": FITNESS.batch_size, "steps": 3, "warmup": 1, "k": [1, 2, 4],
+                    "streams": []}}
 
 
 def _k_list(text: str) -> list[int]:
@@ -84,6 +91,9 @@ def build_parser() -> OneLineParser:
     p.add_argument("--steps", type=positive_int, help="timed steps per measurement (default 50 on CUDA, 3 on the CPU)")
     p.add_argument("--warmup", type=positive_int, help="untimed steps first (default 10 on CUDA, 1 on the CPU)")
     p.add_argument("--k", type=_k_list, help="concurrent evaluations per device to measure (default 1,2,4; none: skip)")
+    p.add_argument("--streams", type=_k_list,
+                   help="K models in this process, each on its own CUDA stream, to measure (default 2,4 on CUDA, none "
+                        "on the CPU, where the K step in turn; none: skip)")
     p.add_argument("--no-float", action="store_true", help="skip the float ResNet-18")
     p.add_argument("--genome", default="baseline", help="the measure trained (default baseline)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model, as bnn.train --compile does")
@@ -108,7 +118,7 @@ def build_parser() -> OneLineParser:
     p.add_argument("--full-only", action="store_true",
                    help="only the whole evaluation, timed from a new genome in this fresh process (compile included)")
     p.add_argument("--tiny", action="store_true",
-                   help="CPU smoke sizes: 64 images, batch 4, 1 step, K = 1,2 (each can still be set)")
+                   help="CPU smoke sizes: 64 images, batch 4, 1 step, K = 1,2, streams 2 (each can still be set)")
     p.add_argument("--json", action="store_true", help="one JSON line with every number on stdout, nothing else")
     return p
 
@@ -276,6 +286,42 @@ def concurrent(args, k: int) -> dict:
     return {"k": k, "images_per_s": rate, "evaluations_per_hour": evaluations_per_hour(rate)}
 
 
+def in_process(args, data: Dataset, k: int) -> dict:
+    """K models (seeds 0..K-1) in this process, stepped in lockstep, each on its own CUDA stream: their
+    aggregate images/s. On the CPU there are no streams and the K step in turn (a smoke of the plumbing)."""
+    cuda = data.device.type == "cuda"
+    streams = [torch.cuda.Stream(data.device) if cuda else None for _ in range(k)]
+    loops = []
+    for rank, stream in enumerate(streams):
+        with _on(stream):  # built, warmed up and captured on its stream, as it then runs
+            loop = StepLoop(data, args.genome, True, loop_options(args), seed=rank)
+            loop.run(args.warmup)
+        loops.append(loop)
+    sync(data.device)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        for loop, stream in zip(loops, streams):
+            with _on(stream):
+                loop.step()
+    sync(data.device)
+    rate = k * args.steps * args.batch / (time.perf_counter() - t0)
+    del loops
+    _free(data.device)
+    return {"k": k, "images_per_s": rate, "evaluations_per_hour": evaluations_per_hour(rate), "streams": cuda}
+
+
+def _on(stream):
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def _with_overhead(row: dict, overhead: float) -> dict:
+    # K evaluations at the aggregate rate, each also paying its validation and new-genome set-up.
+    if "images_per_s" in row:
+        train_s = FITNESS.epochs * PAPER_TRAIN * row["k"] / row["images_per_s"]
+        row["evaluations_per_hour_incl_overhead"] = 3600.0 * row["k"] / (train_s + overhead)
+    return row
+
+
 def evaluations_per_hour(images_per_s: float) -> float:
     """Evaluations of the paper's size (FITNESS.epochs x 45,000 training images) an hour at this rate."""
     return 3600.0 * images_per_s / (FITNESS.epochs * PAPER_TRAIN)
@@ -341,13 +387,18 @@ def measure_all(args) -> dict:
     # What an evaluation costs beyond its training steps (validation, a new genome's set-up), measured alone.
     overhead = res["evaluation_s"] - FITNESS.epochs * math.ceil(PAPER_TRAIN / args.batch) * step_s
     for k in args.k:
-        row = concurrent(args, k)
-        if "images_per_s" in row:
-            train_s = FITNESS.epochs * PAPER_TRAIN * k / row["images_per_s"]
-            row["evaluations_per_hour_incl_overhead"] = 3600.0 * k / (train_s + overhead)
-        res["concurrent"].append(row)
+        res["concurrent"].append(_with_overhead(concurrent(args, k), overhead))
         ok = [r for r in res["concurrent"] if "images_per_s" in r]
         res["best_k"] = max(ok, key=lambda r: r["images_per_s"])["k"] if ok else None
+        progress(res)
+    res["in_process"] = []
+    for k in args.streams:
+        try:
+            row = in_process(args, data, k)
+        except RuntimeError as exc:  # out of memory at a large K, say: the rows so far still count
+            _free(device)
+            row = {"k": k, "error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}
+        res["in_process"].append(_with_overhead(row, overhead))
         progress(res)
     if args.full:
         full_evaluation(args, data, res)

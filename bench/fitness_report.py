@@ -35,4 +35,11 @@ def _report_rest(res: dict) -> list[str]:
             lines.append(f"K={row['k']}: {row['images_per_s']:.0f} images/s aggregate, "
                          f"{row['evaluations_per_hour']:.1f} evaluations/hour "
                          f"({row['evaluations_per_hour_incl_overhead']:.1f} with validation and set-up)")
+    for row in res.get("in_process", []):
+        if "error" in row:
+            lines.append(f"{row['k']} models in this process: failed: {row['error']}")
+            continue
+        lines.append(f"{row['k']} models in this process ({'one CUDA stream each' if row['streams'] else 'in turn'}): "
+                     f"{row['images_per_s']:.0f} images/s aggregate, {row['evaluations_per_hour']:.1f} evaluations/hour "
+                     f"({row['evaluations_per_hour_incl_overhead']:.1f} with validation and set-up)")
     return lines

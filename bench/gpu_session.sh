@@ -13,8 +13,9 @@
 #   tests   tests/test_gpu_measure_triton.py, test_gpu_measure_op.py, test_gpu_relax.py, test_graph_step.py on CUDA: the compiled
 #           kernels against refimpl and eager autograd, one graph for 20 genomes, the captured step replayed
 #   graphs  bench_fitness.py --triton --graphs: binary and float ResNet-18 under the same step (the whole
-#           step one CUDA graph), K = 2 processes beside the one measured alone, a new genome on the kept
-#           model to its first step
+#           step one CUDA graph), K = 2 processes beside the one measured alone, 2 and 4 models in this one
+#           process on a CUDA stream each (processes take turns on the GPU; streams can overlap), a new
+#           genome on the kept model to its first step
 #   full    one whole 15-epoch evaluation of M6 under laplace (a measure that trains), timed as a search
 #           worker's later candidate: from set_genome on a model whose first genome already stepped
 #   search  python -m bnn.search on CIFAR-shaped data (random files in CIFAR-10's format when $BNN_DATA_DIR
@@ -106,7 +107,7 @@ if [ "$mode" = gpu ]; then
   export SEARCH_PER_BATCH=2000
   step env 30 bash -c env_report
   step tests 150 "$PY" -m pytest -q -p no:cacheprovider -W ignore::RuntimeWarning "${GT[@]}"
-  step graphs 120 "$PY" "${BF[@]}" --device cuda --triton --graphs --k 2
+  step graphs 150 "$PY" "${BF[@]}" --device cuda --triton --graphs --k 2 --streams 2,4
   step full 120 "$PY" "${BF[@]}" --device cuda --triton --graphs --counts laplace --full-genome M6 --full-only
   step search 100 bash -c 'search_e2e "$@"' _ cuda --measure-impl triton --step graphs --train-size 5000 \
     --val-size 1000 --population 3 --max-evaluations 5
@@ -120,7 +121,8 @@ else
   step env 30 bash -c env_report
   step tests 70 "$PY" -m pytest -q -p no:cacheprovider -W ignore::RuntimeWarning "${GT[@]}" \
     -k "opcheck or host or plain_loop or refuse"
-  step graphs 45 "$PY" "${BF[@]}" --device cpu --tiny --model mnist_net --graphs --images 12 --warmup 1 --steps 1 --k none
+  step graphs 45 "$PY" "${BF[@]}" --device cpu --tiny --model mnist_net --graphs --images 12 --warmup 1 --steps 1 --k none \
+    --streams 2
   step full 20 "$PY" "${BF[@]}" --device cpu --tiny --model mnist_net --graphs --images 12 --counts laplace \
     --full-genome M6 \
     --full-only --full-epochs 1
@@ -171,6 +173,9 @@ if graphs.get("binary_images_per_s"):
     for k in graphs.get("concurrent", []):
         print(f"  K={k['k']}: " + (k["error"] if "error" in k else f"{k['images_per_s']:.0f} images/s, "
               f"{k['evaluations_per_hour_incl_overhead']:.1f} evaluations/h with validation and set-up"))
+    for k in graphs.get("in_process", []):  # K models in one process, a CUDA stream each
+        print(f"  {k['k']} in one process: " + (k["error"] if "error" in k else f"{k['images_per_s']:.0f} images/s, "
+              f"{k['evaluations_per_hour_incl_overhead']:.1f} evaluations/h with validation and set-up"))
 if fused.get("binary_images_per_s") and graphs.get("float_images_per_s"):
     print(f"inductor: binary {fused['binary_images_per_s']:.0f} images/s under the captured compiled step, "
           f"{fused['binary_images_per_s'] / graphs['float_images_per_s']:.2f}x the graphs step's float; first step "
@@ -184,7 +189,8 @@ for line in text("profile").splitlines():
 tests_tail = (text("tests").strip().splitlines() or [""])[-1]
 search = text("search")
 # K = 1 is the process measured alone (its extrapolated evaluation includes validation and set-up).
-rates = [k["evaluations_per_hour_incl_overhead"] for k in graphs.get("concurrent", []) if "error" not in k]
+rates = [k["evaluations_per_hour_incl_overhead"] for k in graphs.get("concurrent", []) + graphs.get("in_process", [])
+         if "error" not in k]
 rates += [3600.0 / graphs["evaluation_s"]] if graphs.get("evaluation_s") else []
 new_genome = graphs.get("first_step_s", {}).get("graphs", {}).get("new_genome")
 full = whole.get("seconds") if whole and whole.get("epochs_done") == whole.get("epochs") else None

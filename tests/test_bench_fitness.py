@@ -79,10 +79,20 @@ def test_tiny_reports_evaluations_per_hour_from_the_aggregate_rate_of_k_processe
     assert tiny["best_k"] == max(rows, key=lambda r: r["images_per_s"])["k"]
 
 
+def test_tiny_reports_k_models_stepped_in_one_process(tiny):
+    [row] = tiny["in_process"]
+    assert row["k"] == 2 and row["streams"] is False  # the CPU has no streams: the two step in turn
+    assert _positive(row["images_per_s"])
+    assert row["evaluations_per_hour"] == pytest.approx(3600 * row["images_per_s"] / (15 * 45_000), rel=1e-9)
+    assert 0 < row["evaluations_per_hour_incl_overhead"] < row["evaluations_per_hour"]
+
+
 @pytest.mark.parametrize("args,line", [
     (["--k", "0"], "error: argument --k: expected distinct positive integers separated by commas, or none, got '0'"),
     (["--k", "1,x"], "error: argument --k: expected distinct positive integers separated by commas, or none, got '1,x'"),
     (["--steps", "0"], "error: argument --steps: expected a positive integer, got '0'"),
+    (["--streams", "2,2"], "error: argument --streams: expected distinct positive integers separated by commas, or none, "
+                           "got '2,2'"),
     (["--images", "20"], "error: --images 20 leaves 18 training images, fewer than --batch 128; "
                          "give --images 142 or more"),
     (["--device", "tpu"], "error: --device 'tpu': expected auto, cpu, cuda or cuda:N"),
