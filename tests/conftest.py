@@ -69,38 +69,3 @@ def pytest_unconfigure(config):
     except ProcessLookupError:
         pass  # it had finished
     shutil.rmtree(_folder, ignore_errors=True)
-
-
-# The longest tests of a cold run on the 2-core AVX2 host (bench/suite_time.py, docs/performance.md),
-# run first. pytest-xdist's worksteal scheduler hands each worker a contiguous half of the collection
-# and, when one runs dry, steals half of the other's queue by count, not by time: a long test near the
-# end of a queue is a tail with one core idle. First, it overlaps the rest of the run.
-SLOW_FIRST = (
-    "tests/test_fuzz_third_round.py::test_fuzzed_bnn_with_conventions_and_large_geometry",
-    "tests/test_bench_fitness.py::test_tiny",
-    "tests/test_evidence.py::test_jobs_train_cells_in_worker_processes",
-    "tests/test_train.py::test_cli_kill_and_resume_across_processes",
-    "tests/test_workers_per_device.py::test_ray_puts_k_actors",
-    "tests/test_search_ray.py::",
-    "tests/test_infer.py::test_a_model_trained_on_freq_counts",
-    "tests/test_search_ctrl_c_pool.py::",
-    "tests/test_hostile_inputs.py::test_a_damaged_kernel_cache_entry",
-    "tests/test_hostile_inputs.py::test_inference_memory_does_not_grow",
-    "tests/test_ray_loopback.py::",
-    "tests/test_search_ladder.py::test_real_trainings",
-    "tests/test_kernel_cache.py::",
-    "tests/test_search_resume.py::",
-    "tests/test_measure_tables.py::test_exported_models",
-)
-
-
-def slow_first(nodeids: list[str]) -> list[int]:
-    """The run order (indices into ``nodeids``): tests matching SLOW_FIRST in its order, then the rest as collected."""
-    rank = [next((r for r, prefix in enumerate(SLOW_FIRST) if nodeid.startswith(prefix)), len(SLOW_FIRST))
-            for nodeid in nodeids]
-    return sorted(range(len(nodeids)), key=lambda i: rank[i])  # stable: collection order within a rank
-
-
-def pytest_collection_modifyitems(config, items):
-    order = slow_first([item.nodeid for item in items])
-    items[:] = [items[i] for i in order]
