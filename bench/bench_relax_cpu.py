@@ -11,7 +11,6 @@ Both paths give the same bits (tests/test_relax_cpu.py); the run checks it on th
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -27,6 +26,7 @@ from bench_train import machine  # noqa: E402
 from bnn.nn import layers  # noqa: E402
 from bnn.nn.models import build_model  # noqa: E402
 from bnn.train import ADAM_BETAS  # noqa: E402
+from refimpl.cli import OneLineParser  # noqa: E402
 from refimpl.isa import current_path  # noqa: E402
 
 CASES = (("baseline", "raw"), ("M6", "laplace"), ("16-7-11-12-1-12-2", "laplace"))
@@ -59,7 +59,7 @@ def _timed(step, one_pass: bool) -> tuple[float, float]:
 
 def main(argv=None) -> int:
     """Time both paths on each case and print the table; exit status 1 if their parameters differ."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="bench/bench_relax_cpu.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as a search worker's training)")
     p.add_argument("--batch", type=int, default=128, help="images per step (default 128)")
     p.add_argument("--rounds", type=int, default=9, help="timed steps per path (default 9), after 2 untimed")
