@@ -147,6 +147,7 @@ def test_a_cache_folder_others_can_write_is_not_used(tmp_path, monkeypatch, fres
 # a = 3, px = 5, pw = 4, n = 10, so b = 1, c = 2, d = 4 and XNOR (a + d) - (b + c) = 4; BatchNorm
 # scale 2, shift 1 gives fma(4, 2, 1) = 9.
 REBUILD_SCRIPT = """
+import numba
 import numpy as np
 from refimpl.engine import epilogue
 key, _ = epilogue.module_name("baseline")
@@ -157,7 +158,8 @@ alpha = np.ones((4, 1), np.float32)
 scale, shift = np.full(1, 2, np.float32), np.full(1, 1, np.float32)
 out = np.zeros((1, 1, 1), np.float32)
 tab, toff, tails = np.zeros((1, 1), np.float32), np.zeros(1, np.int64), np.zeros(1, np.int64)  # the baseline has no lookup tables
-epilogue.kernel(module, "epilogue_none")(a, px, pw, npw, alpha, scale, shift, tab, toff, tails, out, np.zeros((1, 1, 1, 1), np.uint64), False, 1, 0, 0, 1)
+yscratch = np.zeros((numba.config.NUMBA_NUM_THREADS, 2048), np.float32)  # a thread's rows of y
+epilogue.kernel(module, "epilogue_none")(a, px, pw, npw, alpha, scale, shift, tab, toff, tails, yscratch, out, np.zeros((1, 1, 1, 1), np.uint64), False, 1, 0, 0, 1)
 print(epilogue.__file__, key, float(out[0, 0, 0]))
 """
 

@@ -78,14 +78,15 @@ for dtype in (np.float64, np.float32):
 # Runs the baseline's two-pass epilogue kernel (its serial task under the generic parallel
 # driver, refimpl/engine/task_call.py).
 EPILOGUE_SCRIPT = """
+import numba
 from refimpl.engine import epilogue
 a = np.full((1, 1, 1), 3, np.int32)
 px, pw, npw = (np.full((1, 1), v, np.float32) for v in (5, 4, 6))
 out = np.zeros((1, 1, 1), np.float32)
 epilogue.kernel(epilogue.load("baseline"), "epilogue_none")(
     a, px, pw, npw, np.ones((4, 1), np.float32), np.ones(1, np.float32), np.zeros(1, np.float32),
-    np.zeros((1, 1), np.float32), np.zeros(1, np.int64), np.zeros(1, np.int64), out,  # the baseline has no lookup tables
-    np.zeros((1, 1, 1, 1), np.uint64), False, 1, 0, 0, 1)
+    np.zeros((1, 1), np.float32), np.zeros(1, np.int64), np.zeros(1, np.int64),  # the baseline has no lookup tables
+    np.zeros((numba.config.NUMBA_NUM_THREADS, 2048), np.float32), out, np.zeros((1, 1, 1, 1), np.uint64), False, 1, 0, 0, 1)
 assert out[0, 0, 0] == 4  # XNOR of a, b, c, d = 3, 1, 2, 4
 """
 
@@ -119,5 +120,5 @@ def test_a_second_process_loads_the_epilogue_driver_and_task_from_the_cache(tmp_
     # asks Numba for its thread count, or holds a dynamic address, is never cached.
     compiled = _compiles_in_a_fresh_copy(tmp_path, EPILOGUE_SCRIPT, BNN_MEASURE_CACHE=str(tmp_path / "epilogues"))
     first = compiled().split(",")
-    assert "epilogue_none" in first and "epilogue_none_task" in first, first
+    assert "epilogue_none" in first and "epilogue_none_task" in first and "measure_rows" in first, first
     assert compiled() == "-"

@@ -18,6 +18,7 @@ from refimpl.codegen import measure_tables as mt
 from refimpl.conventions import NAMES as CONVENTIONS
 from refimpl.engine import epilogue
 from refimpl.engine.plan import measure_tables
+from refimpl.kernels.scratch import y_scratch
 from refimpl.operators import BINARY, UNARY
 
 N_UNARY, N_BINARY = len(UNARY), len(BINARY)
@@ -293,8 +294,8 @@ def _run_epilogue(mod, a, b, c, d, alpha, tab=None):
     out = np.empty((1, P, n_out), np.float32)
     epilogue.kernel(mod, "epilogue_none")(
         a[None].astype(np.int32), px[None].astype(np.float32), pw.astype(np.float32), npw.astype(np.float32),
-        alpha, np.ones(n_out, np.float32), np.zeros(n_out, np.float32), tab, np.zeros(P, np.int64), tails, out,
-        np.zeros((1, 1, 1, 1), np.uint64), False, P, 0, 0, 1)
+        alpha, np.ones(n_out, np.float32), np.zeros(n_out, np.float32), tab, np.zeros(P, np.int64), tails,
+        y_scratch(n_out), out, np.zeros((1, 1, 1, 1), np.uint64), False, P, 0, 0, 1)
     return out[0], tab
 
 

@@ -8,6 +8,7 @@ import pytest
 from refimpl.engine import _drivers, epilogue
 from refimpl.engine.plan import measure_tables
 from refimpl.engine.task_call import call_task, native_address, run_tasks, task_address
+from refimpl.kernels.scratch import y_scratch
 
 _SIGNATURE = "void(i8, i8, f4[::1], f4[::1])"
 
@@ -61,8 +62,8 @@ def _run_epilogue(genome, a, px, pw, n):
     out = np.zeros((1, 1, size), np.float32)
     kernel = epilogue.kernel(module, "epilogue_none")
     tab, toff, tails = measure_tables(module, np.array([int(n.max())]))  # raw counts: one row serves every n up to it
-    kernel(a, px, pw, n - pw, alpha, np.ones(size, np.float32), np.zeros(size, np.float32), tab, toff, tails, out,
-           np.zeros((1, 1, 1, 1), np.uint64), False, 1, 0, 0, 1)
+    kernel(a, px, pw, n - pw, alpha, np.ones(size, np.float32), np.zeros(size, np.float32), tab, toff, tails,
+           y_scratch(size), out, np.zeros((1, 1, 1, 1), np.uint64), False, 1, 0, 0, 1)
     return module, kernel, out[0, 0]
 
 
@@ -86,8 +87,10 @@ def test_one_driver_serves_two_genomes_each_with_its_own_measure():
         np.testing.assert_array_equal(got, want)
         results[genome] = (kernel, got)
     (k1, y1), (k2, y2) = results.values()
+    # one driver and one task for every genome; each genome enters as its own measure_rows
     assert k1.driver is k2.driver and len(_drivers.epilogue_none.signatures) == 1
-    assert k1.task != k2.task and not np.array_equal(y1, y2)
+    assert k1.task == k2.task and len(_drivers.epilogue_none_task.signatures) == 1
+    assert k1.lead != k2.lead and not np.array_equal(y1, y2)
 
 
 def test_a_kernel_refuses_arguments_of_other_types():

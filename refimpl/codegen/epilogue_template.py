@@ -1,5 +1,6 @@
-"""The template of the engine's fused epilogue of one genome: counts -> measure -> BN ->
-residual -> bits (generated at run time into a cache folder by ``refimpl/engine/epilogue.py``).
+"""The template of the engine's epilogue of one genome: counts -> measure -> BN (generated at
+run time into a cache folder by ``refimpl/engine/epilogue.py``), and the kernels around it that
+add the residual and write the bits (``drivers_template.py``, the same for every genome).
 
 For one binary unit the engine has ``a`` from the popcount GEMM and the window sums ``px``,
 ``pw``, ``n`` (``refimpl/kernels/window_sums.py`` derives them). One pass over ``a`` then
@@ -18,9 +19,12 @@ Two forms per residual mode: ``epilogue_<mode>`` reads ``a`` and ``px`` that the
 memory; ``fused_<mode>`` runs the GEMM itself, one tile of pixels at a time
 (``refimpl.kernels._tiles.tile_16x8_nhwc``), and consumes the tile's counts while they are in
 L1, in one parallel region per layer instead of two per group of images (faster than the two
-passes together: docs/performance.md). A genome module holds each as a serial task over a range
-of tasks (``<kernel>_task``); the parallel loop that runs it is ``drivers_template.py``'s, one for
-every genome (``refimpl/engine/task_call.py`` says why: a third of the compile per genome).
+passes together: docs/performance.md). Both forms, in every mode, are serial tasks over a range
+of tasks (``<kernel>_task``) under a parallel loop, all of them ``drivers_template.py``'s and
+compiled once for every genome (``refimpl/engine/task_call.py`` says why). A genome module holds
+one kernel, ``measure_rows`` (``ROWS_SIGNATURE``): y = fma(measure, scale, shift) for a block of
+pixel rows, which every task calls at its address. When each genome had its own six tasks, their
+scaffolding (tiles, residuals, bits) was compiled again per genome, 1-3 s per kernel.
 
 Why generate: ``refimpl.measure`` dispatches on the operator codes per element (an ``if`` chain
 of 18 + 14 branches, called 7 times); here the genome's formula is composed once from the
@@ -98,9 +102,8 @@ def measure_tables(genome, tables: bool = True) -> tuple[str, list]:
     return to_numba(tree), found
 
 
-# The arguments of each kernel, compiled on its first use (engine/epilogue.py's ``kernel``; the
-# task takes its range first, the driver the task's address and its number of parts): a model
-# runs one or two of the six, at 1-2 s of compile each per genome. The engine always passes
+# The arguments of each kernel (its genome-free task in refimpl/engine/_drivers.py takes its range
+# first, the driver the task's address and its number of parts). The engine always passes
 # C-contiguous arrays.
 # a (N, P, O) int32; px (N, P); pw, npw (P, O); alpha (4, O); scale, shift (O,)
 # tab (K, R*L) the measure's lookup tables, toff (P,) each pixel's row offset (measure_tables.py)
@@ -113,45 +116,51 @@ _GEMM = "u8[::1], u8[::1], i8, i8[::1], i8[::1]"
 _GEMM2 = "u8[::1], i8[::1], i8[::1]"
 _SCRATCH = "u8[:, ::1], u8[:, :, ::1], i4[:, ::1]"
 _PX_SCRATCH = "f4[:, ::1]"  # (T, P) px of the tile's pixels; (T, 2P) with the shortcut's
+_Y_SCRATCH = "f4[:, ::1]"  # (T, Y) rows of the measure's outputs (plan.py's y_scratch_size)
 _EPI = "f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1], f4[:, ::1], i8[::1], i8[::1]"  # pw, npw, alpha, scale, shift, tab, toff, tails
 _FUSED_TAIL = "f4[:, :, ::1], u8[:, :, :, ::1], b1, i8, i8, i8"
-# The one signature of each kernel of a generated module, by name.
+# The one signature of each kernel, by name. The leading i8: the address of the genome's
+# ``measure_rows`` (``ROWS_SIGNATURE``); the fused kernels take the popcount tile's before it.
 SIGNATURES = {
-    "epilogue_none": f"void({_COMMON}, {_TAIL})",
-    "epilogue_identity": f"void({_COMMON}, {_TAIL})",
-    "epilogue_down": f"void({_COMMON}, {_COMMON}, {_TAIL})",
+    "epilogue_none": f"void(i8, {_COMMON}, {_Y_SCRATCH}, {_TAIL})",
+    "epilogue_identity": f"void(i8, {_COMMON}, {_Y_SCRATCH}, {_TAIL})",
+    "epilogue_down": f"void(i8, {_COMMON}, {_COMMON}, {_Y_SCRATCH}, {_TAIL})",
     # identity takes what none takes: its residual is ``out`` itself (see MODES)
-    # the fused kernels take the address of the popcount tile first (``fused_tile`` below)
-    "fused_none": f"void(i8, {_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
-    "fused_identity": f"void(i8, {_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
-    "fused_down": f"void(i8, {_GEMM}, {_GEMM2}, {_SCRATCH}, i4[:, ::1], {_PX_SCRATCH}, {_EPI}, {_EPI}, {_FUSED_TAIL})",
+    "fused_none": f"void(i8, i8, {_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_Y_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
+    "fused_identity": f"void(i8, i8, {_GEMM}, {_SCRATCH}, {_PX_SCRATCH}, {_Y_SCRATCH}, {_EPI}, {_FUSED_TAIL})",
+    "fused_down": f"void(i8, i8, {_GEMM}, {_GEMM2}, {_SCRATCH}, i4[:, ::1], {_PX_SCRATCH}, {_Y_SCRATCH}, {_EPI}, {_EPI}, {_FUSED_TAIL})",
 }
+# The one part of the epilogue that a genome changes, and so the one kernel of a genome's module:
+# ``measure_rows(n_rows, first, positions, a, abase, px, pxbase, pw, npw, alpha, scale, shift, tab,
+# toff, tails, y, ybase)`` writes y[ybase + q*O + o] = fma(measure, scale[o], shift[o]) for the rows
+# q < n_rows of global pixels first + q (image-major; counts at a[abase + q*O + o], px at
+# px[pxbase + q]). The tasks around it (tiles, residuals, sign bits) are refimpl/engine/_drivers.py's,
+# compiled and cached once for every genome, and call it at its address: as a genome's own tasks
+# they were most of a new genome's compile (docs/performance.md, compile time).
+ROWS_SIGNATURE = ("void(i8, i8, i8, i4[::1], i8, f4[::1], i8, f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1],"
+                  " f4[:, ::1], i8[::1], i8[::1], f4[::1], i8)")
 # The popcount tile, the part of a fused kernel that no genome changes: refimpl/kernels/_tiles.py's
-# copy for these tasks, compiled and cached once for every genome, and called by a genome's fused
-# task at its address (``tile_fn``, refimpl/engine/epilogue.py's ``tile_address``). Linked into
-# each task as a callee, it was optimized and emitted again with every genome: 0.4-0.8 s of each
-# fused kernel's first compile (docs/performance.md, compile time). Its one signature:
+# copy for these tasks, compiled and cached once for every genome, and called by the fused tasks
+# at its address (``tile_fn``, refimpl/engine/epilogue.py's ``tile_address``). Its one signature:
 # (input words, weight panels, K, tap offsets, window origins, O, pixels, first pixel, first and
 # end panel, im2col row, edge block, counts block, its first pixel, px of the tile).
 FUSED_TILE = fused_tile_function_name(TILE_PIXELS, TILE_CHANNELS)
 TILE_CALL_SIGNATURE = "void(u8[::1], u8[::1], i8, i8[::1], i8[::1], i8, i8, i8, i8, i8, u8[::1], u8[:, ::1], i4[::1], i8, f4[::1])"
 
-# A genome's tasks are called only at their machine address, by the drivers (refimpl/engine/
-# task_call.py), never from Python: Numba's Python wrapper, which unboxes each of a task's 20-30
-# arrays, was 0.05-0.08 s of each task's first compile (about a tenth), so it is not built
-# (nor ``measure_t``'s, which only the kernels call).
+# ``measure_rows`` is called only at its machine address, by the tasks (refimpl/engine/
+# task_call.py), never from Python: Numba's Python wrapper, which unboxes each array, would only
+# add to its compile (nor ``measure_t``'s, which only ``measure_rows`` calls).
 _NO_WRAPPER = ", no_cpython_wrapper=True"
 
+# residual mode -> the extra parameters of its kernels (the second convolution's, in down mode).
+# none: out = y; identity: out = y + out, in place (``out`` holds the residual, the previous
+# layer's output, on entry: each output reads only its own residual, and the store then hits a
+# cache line just read instead of fetching a fresh one; a separate output buffer cost a
+# read-for-ownership of 16 MB per 64-channel layer at batch 64); down: out = y + y2.
 MODES = {
-    # residual mode -> (extra parameters, how y is formed)
-    "none": ("", "fma32(m, scale[o], shift[o])"),
-    # In place: ``out`` holds the residual (the previous layer's output) on entry. Each output
-    # reads only its own residual, so overwriting it is safe, and the store then hits a cache
-    # line just read instead of fetching a fresh one (a separate output buffer cost a
-    # read-for-ownership of 16 MB per 64-channel layer at batch 64).
-    "identity": ("", "fma32(m, scale[o], shift[o]) + outrow[o]"),
-    "down": (", a2, px2, pw2, npw2, alpha2, scale2, shift2, tab2, toff2, tails2",
-             "fma32(m, scale[o], shift[o]) + fma32(m2, scale2[o], shift2[o])"),
+    "none": "",
+    "identity": "",
+    "down": ", a2, px2, pw2, npw2, alpha2, scale2, shift2, tab2, toff2, tails2",
 }
 
 
@@ -202,90 +211,77 @@ def _measure_call(tables: list, s: str, counts: str, fast: tuple = ()) -> str:
     return f"measure_t(A{s}, B{s}, C{s}, D{s}, {fast_lookup_arguments(tables, counts, s, fast)}{alphas})"
 
 
-def _rows(suffix: str, fused: bool) -> list[str]:
-    # 1-D row views, indexed below with an unsigned o: Numba adds a negative-index wraparound
-    # select to every signed index, which hides the unit stride from LLVM's loop vectorizer.
-    s = suffix
-    px = (f"pxt[q + {TILE_PIXELS}]" if s else "pxt[q]") if fused else f"px{s}[i, p]"
-    return [f"pxv{s} = {px}", f"pwrow{s} = pw{s}[p]", f"npwrow{s} = npw{s}[p]"]
-
-
-def _pixel(mode: str, form: str, counts: str, tables: list, fused: bool = False) -> list[str]:
-    """The epilogue of pixel p of image i, all channels, given its counts row ``arow`` (and
-    ``arow2`` for the shortcut convolution)."""
-    lines = _rows("", fused) + _table_rows(tables, "", "p")
-    if mode == "down":
-        lines += _rows("2", fused) + _table_rows(tables, "2", "p")
-    lines += [
-        "outrow = out[i, p]",
-        "yy = p // width",
-        "xx = p - yy * width",
-    ]
-    suffixes = ("", "2") if mode == "down" else ("",)
+def _channels(counts: str, tables: list) -> list[str]:
+    """The measure of one row (pixel p, all channels; ``arow``, ``pxv``, ``pwrow``, ``npwrow`` and
+    the table rows set), written as y = fma(m, scale, shift) into ``outrow``."""
+    lines = []
 
     def channel_loop(fast: tuple) -> list[str]:
         body = ["for o in range(np.uint64(n_out)):"]
-        for s in suffixes:
-            body += [f"    {line}" for line in _counts(s, counts, tables)]
-            body += [f"    m{s} = {_measure_call(tables, s, counts, fast)}"]
-        return body + [f"    y = {form}", "    outrow[o] = y"]
+        body += [f"    {line}" for line in _counts("", counts, tables)]
+        body += [f"    m = {_measure_call(tables, '', counts, fast)}"]
+        return body + ["    outrow[o] = fma32(m, scale[o], shift[o])"]
 
-    checks = [fast_checks(tables, counts, s) for s in suffixes]
-    kinds = [kind for kind in FAST_KINDS if any(kind in slow for _, _, slow in checks)]
-    if kinds:
-        # The fast paths: a pixel whose cubed counts are all below the exact limit takes its
-        # cubes as products, one whose counts of saturating tables all lie in the constant tails
-        # takes the tails' values, instead of gathers (measure_tables.py's module docstring says
-        # why both are exact); any other pixel looks them up. One vectorized pass over the row
-        # tests both, and one loop per combination runs the row.
-        for head, _, _ in checks:
-            lines += head
-        lines += [f"slow_{kind} = np.uint32(0)" for kind in kinds]
-        lines += ["for o in range(np.uint64(n_out)):"]
-        for s, (_, used, slow) in zip(suffixes, checks):
-            defined = _counts(s, counts, [])[:4]  # A, B, C, D in order; B, C, D read only A
-            lines += [f"    {defined[0]}"] + [f"    {defined['ABCD'.index(v)]}" for v in used if v != "A"]
-            lines += [f"    slow_{kind} |= np.uint32({c})" for kind in kinds for c in slow.get(kind, [])]
-        combinations = [tuple(k for k, on in zip(kinds, bits) if on)
-                        for bits in itertools.product((True, False), repeat=len(kinds))]
-        for n, fast in enumerate(combinations):
-            if n == len(combinations) - 1:
-                lines += ["else:"]
-            else:
-                test = " and ".join(f"slow_{kind} == 0" if kind in fast else f"slow_{kind} != 0" for kind in kinds)
-                lines += [f"{'if' if n == 0 else 'elif'} {test}:"]
-            lines += [f"    {line}" for line in channel_loop(fast)]
-    else:
-        lines += channel_loop(())
-    lines += [
-        # The sign bits from the row just written (in L1), by ``sign_word``'s vector compares;
-        # built inside the loop above they were per-lane shifts and an or-reduction, and made
-        # LLVM run the loop 8 lanes wide instead of 16.
-        "if pack:",
-        "    for word in range(n_words):",
-        "        o0 = word * 64",
-        "        if o0 + 64 <= n_out:",
-        "            acc = sign_word(outrow, o0)",
-        "        else:",
-        "            acc = np.uint64(0)",
-        "            for o in range(o0, n_out):",
-        "                # sign(0) = +1; NaN is not >= 0, so it binarizes to -1 as in torch.",
-        "                acc |= np.uint64(outrow[o] >= F(0.0)) << np.uint64(o - o0)",
-        "        bits[i, yy + pad_h, xx + pad_w, word] = acc",
-    ]
+    head, used, slow = fast_checks(tables, counts, "")
+    kinds = [kind for kind in FAST_KINDS if kind in slow]
+    if not kinds:
+        return channel_loop(())
+    # The fast paths: a pixel whose cubed counts are all below the exact limit takes its cubes as
+    # products, one whose counts of saturating tables all lie in the constant tails takes the
+    # tails' values, instead of gathers (measure_tables.py's module docstring says why both are
+    # exact); any other pixel looks them up. One vectorized pass over the row tests both, and one
+    # loop per combination runs the row.
+    lines += head
+    lines += [f"slow_{kind} = np.uint32(0)" for kind in kinds]
+    lines += ["for o in range(np.uint64(n_out)):"]
+    defined = _counts("", counts, [])[:4]  # A, B, C, D in order; B, C, D read only A
+    lines += [f"    {defined[0]}"] + [f"    {defined['ABCD'.index(v)]}" for v in used if v != "A"]
+    lines += [f"    slow_{kind} |= np.uint32({c})" for kind in kinds for c in slow.get(kind, [])]
+    combinations = [tuple(k for k, on in zip(kinds, bits) if on)
+                    for bits in itertools.product((True, False), repeat=len(kinds))]
+    for n, fast in enumerate(combinations):
+        if n == len(combinations) - 1:
+            lines += ["else:"]
+        else:
+            test = " and ".join(f"slow_{kind} == 0" if kind in fast else f"slow_{kind} != 0" for kind in kinds)
+            lines += [f"{'if' if n == 0 else 'elif'} {test}:"]
+        lines += [f"    {line}" for line in channel_loop(fast)]
     return lines
+
+
+def _rows_function(counts: str, tables: list) -> list[str]:
+    """``measure_rows``: the genome's measure, scaled and shifted, of a block of pixel rows
+    (``ROWS_SIGNATURE`` says what it reads and writes)."""
+    return [
+        "",
+        "",
+        # noalias: y shares memory with no other argument (plan.py), and LLVM needs that promise
+        # to vectorize the table lookups (refimpl/_jit.py's _noalias).
+        f"@jit(loop_vectorize=True, noalias=True{_NO_WRAPPER})",
+        "def measure_rows(n_rows, first, positions, a, abase, px, pxbase, pw, npw, alpha, scale, shift, tab, toff, tails, y, ybase):",
+        "    # Channels last: counts row q at a[abase + q*O:], its px at px[pxbase + q], pw and",
+        "    # npw = n - pw (P, O) float32 by pixel p; rows are pixels first + q of the image-major",
+        "    # (N*P) order. The channel loop is the vectorized one: contiguous in every array.",
+        "    n_out = pw.shape[1]",
+        *[f"    {line}" for line in _alphas("")],
+        "    for q in range(n_rows):",
+        "        g = first + q",
+        "        p = g - (g // positions) * positions",
+        # 1-D row views, indexed with an unsigned o: Numba adds a negative-index wraparound
+        # select to every signed index, which hides the unit stride from LLVM's loop vectorizer.
+        "        arow = a[abase + q * n_out:abase + (q + 1) * n_out]",
+        "        pxv = px[pxbase + q]",
+        "        pwrow = pw[p]",
+        "        npwrow = npw[p]",
+        *[f"        {line}" for line in _table_rows(tables, "", "p")],
+        "        outrow = y[ybase + q * n_out:ybase + (q + 1) * n_out]",
+        *[f"        {line}" for line in _channels(counts, tables)],
+    ]
 
 
 def _alphas(suffix: str) -> list[str]:
     src = "alpha" + suffix
     return [f"al{k}{suffix} = {src}[{k}]" for k in range(4)]
-
-
-def _task_alphas(mode: str) -> list[str]:
-    """A task's alpha rows as scalars, after its header (``epilogue_<mode>_task`` and
-    ``fused_<mode>_task`` alike): ``al0..al3``, and in down mode the second convolution's too."""
-    lines = _alphas("") + (_alphas("2") if mode == "down" else [])
-    return [f"    {line}" for line in lines]
 
 
 def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:
@@ -301,14 +297,10 @@ def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:
         '"""',
         "import math",
         "",
-        "import numba",
         "import numpy as np",
         "",
         "from refimpl._jit import jit",
         "from refimpl._numba_ops import nan_max, nan_min",
-        "from refimpl.engine.task_call import call_task",
-        "from refimpl.kernels.byte_dot import BYTE_LOOKUP",
-        "from refimpl.kernels.bits import sign_word",
         "from refimpl.kernels.fma import fma32",
         f"# refimpl sources {sources_stamp()}: any change to them recompiles this module",
         "",
@@ -336,106 +328,20 @@ def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:
 
 def epilogue_parameters(mode: str) -> str:
     """The parameters of ``epilogue_<mode>`` (its task and its driver take them after their own)."""
-    return f"a, px, pw, npw, alpha, scale, shift, tab, toff, tails{MODES[mode][0]}, out, bits, pack, width, pad_h, pad_w, chunk"
+    return f"rows_fn, a, px, pw, npw, alpha, scale, shift, tab, toff, tails{MODES[mode]}, yscratch, out, bits, pack, width, pad_h, pad_w, chunk"
 
 
 def fused_parameters(mode: str) -> str:
     """The parameters of ``fused_<mode>`` (its task and its driver take them after their own)."""
     gemm_args = "xflat, wflat, k_words, taps_off, bases" + (", wflat2, taps_off2, bases2" if mode == "down" else "")
-    scratch = "xscratch, bscratch, ascratch" + (", ascratch2" if mode == "down" else "") + ", pxscratch"
-    return (f"tile_fn, {gemm_args}, {scratch}, pw, npw, alpha, scale, shift, tab, toff, tails{MODES[mode][0].replace(', a2, px2', '')}, out, bits,"
+    scratch = "xscratch, bscratch, ascratch" + (", ascratch2" if mode == "down" else "") + ", pxscratch, yscratch"
+    return (f"tile_fn, rows_fn, {gemm_args}, {scratch}, pw, npw, alpha, scale, shift, tab, toff, tails{MODES[mode].replace(', a2, px2', '')}, out, bits,"
             " pack, width, pad_h, pad_w")
 
 
-def _epilogue_function(mode: str, counts: str, tables: list) -> list[str]:
-    """``epilogue_<mode>_task``: tasks task0 .. task1-1 of the epilogue of the counts a GEMM left
-    in memory (``refimpl/engine/_drivers.py``'s ``epilogue_<mode>`` runs them in parallel)."""
-    extra, form = MODES[mode]
-    body = [
-        "",
-        "",
-        # noalias: out and bits share memory with no other argument (plan.py), and LLVM needs
-        # that promise to vectorize the table lookups (refimpl/_jit.py's _noalias).
-        # no_cpython_wrapper: a task is only called at its address (_NO_WRAPPER says why).
-        f"@jit(loop_vectorize=True, noalias=True{_NO_WRAPPER})",
-        f"def epilogue_{mode}_task(task0, task1, {epilogue_parameters(mode)}):",
-        "    # Channels last: a (N, P, O) int32; px (N, P), pw and npw = n - pw (P, O) float32;",
-        "    # out (N, P, O); bits (N, Hp, Wp, K) uint64 with zero borders, written when pack is True.",
-        "    # A task owns one image and ``chunk`` pixels, all their channels: it alone writes",
-        "    # their words. The channel loop is the vectorized one: contiguous in every array.",
-        "    n_img, positions, n_out = a.shape",
-        "    n_words = (n_out + 63) // 64",
-        "    chunks = (positions + chunk - 1) // chunk",
-    ]
-    body += _task_alphas(mode)
-    body += [
-        "    for task in range(task0, task1):",
-        "        i = task // chunks",
-        "        p0 = (task - i * chunks) * chunk",
-        "        for p in range(p0, min(positions, p0 + chunk)):",
-        "            arow = a[i, p]",
-    ]
-    if mode == "down":
-        body += ["            arow2 = a2[i, p]"]
-    body += [f"            {line}" for line in _pixel(mode, form, counts, tables)]
-    return body
-
-
-def _fused_function(mode: str, counts: str, tables: list) -> list[str]:
-    """``fused_<mode>_task``: tiles tile0 .. tile1-1 of the GEMM and the epilogue
-    (``refimpl/engine/_drivers.py``'s ``fused_<mode>`` runs them in parallel)."""
-    extra, form = MODES[mode]
-    # The tile through its address (FUSED_TILE says why), called as it was when linked in.
-    # np.int64(0), not 0: Numba types a literal argument as Literal[int](0), another signature.
-    tile_call = "call_task(tile_fn, xflat, {w}, k_words, {taps}, {bases}, n_out, n_pixels, first, np.int64(0), n_panels, xscratch[tid], bscratch[tid], {a}, first, {px})"
-    body = [
-        "",
-        "",
-        # No signature: compiled on first use (SIGNATURES above). SLP stays off on the byte-lookup
-        # paths, as when the tile was inlined here (it re-packed the tile: refimpl/kernels/byte_dot.py).
-        f"@jit(loop_vectorize=True, slp_vectorize=not BYTE_LOOKUP, noalias=True{_NO_WRAPPER})",
-        f"def fused_{mode}_task(tile0, tile1, {fused_parameters(mode)}):",
-        "    # The popcount GEMM and the epilogue in one loop: a task is one tile of",
-        f"    # {TILE_PIXELS} pixels with all their channels; its int32 ``a`` rows go to a per-thread block",
-        "    # (ascratch, a few KB, in L1) and are consumed at once, never written to memory.",
-        "    n_img, positions, n_out = out.shape",
-        "    n_pixels = n_img * positions",
-        f"    n_panels = (n_out + {TILE_CHANNELS - 1}) // {TILE_CHANNELS}",
-        "    n_words = (n_out + 63) // 64",
-    ]
-    body += _task_alphas(mode)
-    body += [
-        "    # this thread's scratch (a task runs on one thread of the driver's parallel loop)",
-        "    tid = numba.get_thread_id()",
-        "    at = ascratch[tid]",
-        "    pxt = pxscratch[tid]",
-    ]
-    if mode == "down":
-        body += ["    at2 = ascratch2[tid]"]
-    body += [
-        "    for tile in range(tile0, tile1):",
-        f"        first = tile * {TILE_PIXELS}",
-        "        " + tile_call.format(w="wflat", taps="taps_off", bases="bases", a="at", px=f"pxt[:{TILE_PIXELS}]"),
-    ]
-    if mode == "down":
-        body += [
-            "        " + tile_call.format(w="wflat2", taps="taps_off2", bases="bases2", a="at2", px=f"pxt[{TILE_PIXELS}:]"),
-        ]
-    body += [
-        f"        for q in range(min({TILE_PIXELS}, n_pixels - first)):",
-        "            i = (first + q) // positions",
-        "            p = first + q - i * positions",
-        "            arow = at[q * n_out:(q + 1) * n_out]",
-    ]
-    if mode == "down":
-        body += ["            arow2 = at2[q * n_out:(q + 1) * n_out]"]
-    body += [f"            {line}" for line in _pixel(mode, form, counts, tables, fused=True)]
-    return body
-
-
 def task_signature(name: str) -> str:
-    """The one signature of ``<name>_task`` in a genome module: the task range, then the kernel's
-    arguments (``SIGNATURES``)."""
+    """The one signature of the task ``<name>_task`` of refimpl/engine/_drivers.py: the task
+    range, then the kernel's arguments (``SIGNATURES``)."""
     return "void(i8, i8, " + SIGNATURES[name][len("void("):]
 
 
@@ -451,9 +357,4 @@ def generate(genome, counts: str = DEFAULT_COUNTS, tables: bool = True) -> str:
     g = Genome.parse(genome)
     check_counts(counts)
     found = measure_tables(g, tables)[1]
-    out = _module_head(g, counts, tables)
-    for mode in MODES:
-        out += _epilogue_function(mode, counts, found)
-    for mode in MODES:
-        out += _fused_function(mode, counts, found)
-    return "\n".join(out) + "\n"
+    return "\n".join(_module_head(g, counts, tables) + _rows_function(counts, found)) + "\n"

@@ -19,6 +19,7 @@ from ..conventions import DEFAULT as RAW_COUNTS
 from ..kernels.bits import n_words
 from ..kernels.byte_dot import NIBBLES
 from ..kernels.geometry import conv_output_size
+from ..kernels.scratch import y_scratch_size
 from ..kernels.tiling import TILE_CHANNELS, TILE_PIXELS
 from ..kernels.window_sums import _tap_ranges
 from ._safetensors import ModelFileError
@@ -122,6 +123,7 @@ def plan_bytes(model, n_img: int) -> int:
                     for g in (1, n_img, n_img, n_img):
                         total += _conv_bytes(cv, g, h, w, threads)[0]
                 total += threads * len(convs) * (TILE_PIXELS * o + 64) * 4 + threads * (2 * TILE_PIXELS + 64) * 4
+                total += threads * (y_scratch_size(o) + 64) * 4
                 total += 2 * n_img * p * 4
                 if layer.shortcut is not None:
                     total += threads * (c + 1) * max(p + 16, c) * 4 + o * c * 4

@@ -27,7 +27,14 @@ import types
 import numpy as np
 
 from ..codegen.arrays_template import generate_arrays
-from ..codegen.epilogue_template import FUSED_TILE, TILE_CALL_SIGNATURE, driver_signature, generate, task_signature
+from ..codegen.epilogue_template import (
+    FUSED_TILE,
+    ROWS_SIGNATURE,
+    TILE_CALL_SIGNATURE,
+    driver_signature,
+    generate,
+    task_signature,
+)
 from ..conventions import DEFAULT as DEFAULT_COUNTS
 from ..conventions import affine
 from ..genome import Genome
@@ -54,9 +61,9 @@ def cache_dir() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled_driver(name: str):
+def _compiled(name: str, signature: str) -> object:
     fn = getattr(_drivers, name)
-    fn.compile(driver_signature(name))
+    fn.compile(signature)
     fn.disable_compile()
     return fn
 
@@ -66,7 +73,14 @@ def _driver(name: str):
     for every genome, for its one signature, by one thread at a time (``lru_cache`` alone lets two
     threads both compile it)."""
     with _COMPILE_LOCK:
-        return _compiled_driver(name)
+        return _compiled(name, driver_signature(name))
+
+
+def _task_address(name: str) -> int:
+    """The address of ``_drivers.py``'s serial task of the kernel ``name``, compiled (or loaded
+    from Numba's cache) once for every genome: a genome enters it as its ``measure_rows``."""
+    with _COMPILE_LOCK:
+        return native_address(_compiled(f"{name}_task", task_signature(name)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,30 +100,34 @@ def tile_address() -> int:
 
 
 def kernel(module, name: str):
-    """The kernel ``name`` (``epilogue_<mode>`` or ``fused_<mode>``) of a genome's module: the
-    generic parallel loop of ``_drivers.py`` over the module's serial ``<name>_task``
-    (refimpl/engine/task_call.py says why), called with the kernel's arguments. The task is
-    compiled (or loaded from Numba's cache) on first use, as a model runs only some of a
-    module's kernels (1-2 s of compile each). Task and driver each have one signature, the same
-    argument types, and further compiles disabled: arguments of other types raise instead of
-    reaching the task with a layout it was not compiled for."""
+    """The kernel ``name`` (``epilogue_<mode>`` or ``fused_<mode>``) for a genome's module: the
+    parallel loop of ``_drivers.py`` over its serial task (refimpl/engine/task_call.py says why),
+    both the same for every genome, with the address of the module's ``measure_rows`` (and for a
+    fused kernel the popcount tile's) before the kernel's arguments. ``measure_rows`` is compiled
+    (or loaded from Numba's cache) on first use, the one kernel a genome adds (``ROWS_SIGNATURE``
+    in epilogue_template.py says why). Task, driver and ``measure_rows`` each have one signature
+    and further compiles disabled: arguments of other types raise instead of reaching them with a
+    layout they were not compiled for."""
     kernels = module.__dict__.setdefault("_KERNELS", {})
     if name in kernels:
         return kernels[name]
     with _COMPILE_LOCK:
         if name not in kernels:  # another thread may have made it while this one waited
-            task = getattr(module, f"{name}_task")
-            if not task.signatures:
-                task.compile(task_signature(name))
-                task.disable_compile()
-            lead = (tile_address(),) if name.startswith("fused_") else ()
-            kernels[name] = _Kernel(_driver(name), native_address(task), lead)
+            rows = module.measure_rows
+            if not rows.signatures:
+                rows.compile(ROWS_SIGNATURE)
+                rows.disable_compile()
+            lead = (native_address(rows),)
+            if name.startswith("fused_"):
+                lead = (tile_address(), *lead)
+            kernels[name] = _Kernel(_driver(name), _task_address(name), lead)
     return kernels[name]
 
 
 class _Kernel:
-    """A genome's kernel: its driver with the task's address, the run's thread count and, for a
-    fused kernel, the popcount tile's address (``tile_address``) before the caller's arguments."""
+    """A genome's kernel: its driver with the task's address, the run's thread count, then the
+    addresses of the popcount tile (a fused kernel's, ``tile_address``) and of the genome's
+    ``measure_rows`` before the caller's arguments."""
 
     __slots__ = ("driver", "task", "lead")
 

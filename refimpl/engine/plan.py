@@ -13,7 +13,7 @@ from ..conventions import DEFAULT as RAW_COUNTS
 from ..kernels import blocked
 from ..kernels.bits import n_words
 from ..kernels.geometry import conv_output_size
-from ..kernels.scratch import thread_rows
+from ..kernels.scratch import thread_rows, y_scratch
 from ..kernels.tiling import TILE_PIXELS
 from ..kernels.window_sums import in_bounds_taps, weight_window_sums
 from . import budget, epilogue
@@ -274,6 +274,8 @@ class _UnitStep(_Step):
         self.ascratch = [thread_rows(threads, TILE_PIXELS * conv.out_channels, np.int32)
                          for _ in range(2 if down is not None else 1)]
         self.pxscratch = thread_rows(threads, 2 * TILE_PIXELS, np.float32)
+        # The measure's y of a block of rows (epilogue_template.py's ROWS_SIGNATURE) per thread.
+        self.yscratch = y_scratch(conv.out_channels, threads)
         self.out_chw = (conv.out_channels, oh, ow)
         self.out_shape = (n_img, oh * ow, conv.out_channels)
         # A real shortcut fills the output buffer first; the epilogue adds into it as for identity.
@@ -320,7 +322,7 @@ class _UnitStep(_Step):
             a = main(bits_in, px)
             bits = self.bits_out[g0:g1] if self.pack else _NO_BITS
             chunk = _epilogue_chunk(g1 - g0, a.shape[1], a.shape[2])
-            tail = (out[g0:g1], bits, self.pack, main.out_w, self.pad[0], self.pad[1], chunk)
+            tail = (self.yscratch, out[g0:g1], bits, self.pack, main.out_w, self.pad[0], self.pad[1], chunk)
             head = (a, px, main.pw_f, main.npw_f, conv.alpha, conv.scale, conv.shift, main.tab, main.toff, main.tails)
             a2 = None
             tasks = (g1 - g0) * -(-a.shape[1] // chunk)
@@ -359,10 +361,10 @@ class _UnitStep(_Step):
         scratch = (mp.xscratch, mp.bscratch, self.ascratch[0])
         kernel = epilogue.kernel(self.ep, f"fused_{self.mode}")
         if self.mode in ("none", "identity"):
-            kernel(*gemm, *scratch, self.pxscratch, *epi, *tail)
+            kernel(*gemm, *scratch, self.pxscratch, self.yscratch, *epi, *tail)
         else:
             d, dp = L.down, down.gemm.plan
-            kernel(*gemm, dp.panels, dp.taps_off, dp.bases, *scratch, self.ascratch[1], self.pxscratch,
+            kernel(*gemm, dp.panels, dp.taps_off, dp.bases, *scratch, self.ascratch[1], self.pxscratch, self.yscratch,
                    *epi, down.pw_f, down.npw_f, d.alpha, d.scale, d.shift, down.tab, down.toff, down.tails, *tail)
 
     def convs(self):

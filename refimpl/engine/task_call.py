@@ -1,20 +1,22 @@
-"""Calling a genome's compiled serial task from the one generic parallel driver of its kind.
+"""Calling compiled code at its address: a serial task from the generic parallel driver of its
+kind, and from a task the popcount tile and a genome's ``measure_rows``.
 
 A genome's epilogue kernels (``refimpl/codegen/epilogue_template.py``) were Numba parallel loops,
 and Numba lowers a parallel loop into three libraries (the loop body as a gufunc, its wrapper,
 the caller), in each of which LLVM optimizes and emits the inlined tile and epilogue again: 3.4-4.3
 s of compile per kernel and genome against 1.2 s for the same loop serial (docs/performance.md).
-So each genome module now holds serial tasks (``<kernel>_task(first, last, ...)``: tasks
-``first .. last-1``), and the parallel loop lives once, in ``refimpl/engine/_drivers.py``,
-compiled and cached once for every genome. A driver receives the task as the machine address
-of its compiled code, an ``int64``, and calls it with Numba's own calling convention
-(``call_task``): passing the task as a first-class function instead cost 7-37 us a call in
-Python's dispatch, more than the parallel loop itself at batch 1. A fused task calls the popcount
-tile the same way, at the address of one copy compiled for every genome
-(``refimpl/engine/epilogue.py``'s ``tile_address``), so no genome's compile repeats the tile.
+So the kernels became serial tasks (``<kernel>_task(first, last, ...)``: tasks ``first ..
+last-1``) under parallel loops that live once, in ``refimpl/engine/_drivers.py``, compiled and
+cached once for every genome; since then the tasks live there too, and a genome adds only its
+``measure_rows``. A driver receives the task as the machine address of its compiled code, an
+``int64``, and calls it with Numba's own calling convention (``call_task``): passing the task
+as a first-class function instead cost 7-37 us a call in Python's dispatch, more than the
+parallel loop itself at batch 1. A task calls the popcount tile and the genome's
+``measure_rows`` the same way (``refimpl/engine/epilogue.py``'s ``tile_address`` and
+``kernel``), so no genome's compile repeats the tile or the tasks.
 
-The address is only valid for a task compiled with exactly the driver's argument types:
-``refimpl/engine/epilogue.py``'s ``kernel`` compiles both from one signature and disables
+The address is only valid for code compiled with exactly the caller's argument types:
+``refimpl/engine/epilogue.py``'s ``kernel`` compiles each from one signature and disables
 further compiles, so arguments of other types raise instead of reaching a mismatched call.
 """
 from __future__ import annotations

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .tiling import TILE_PIXELS
+
 CACHE_LINE = 64  # bytes: x86-64 and the common ARM64 cores (Apple's M-series: 128, see below)
 # One line of gap between rows beyond the rounding covers a misaligned start; two keep the
 # adjacent-line prefetcher's pairs (and 128-byte lines) apart as well.
@@ -37,3 +39,20 @@ def thread_blocks(threads: int, rows: int, cols: int, dtype) -> np.ndarray:
     n = rows * cols
     spare = -(-(row_length(n, np.dtype(dtype).itemsize) - n) // cols)
     return np.empty((threads, rows + spare, cols), dtype=dtype)
+
+
+def y_scratch_size(channels: int) -> int:
+    """Floats of a thread's row of the engine's y scratch (refimpl/engine/plan.py): a fused tile's
+    rows of outputs, and in the two-pass epilogue at least 2048 outputs per call of a genome's
+    ``measure_rows`` (a call costs about 50 ns)."""
+    return max(2048, TILE_PIXELS * channels)
+
+
+def y_scratch(channels: int, threads: int | None = None) -> np.ndarray:
+    """The engine's y scratch for layers of ``channels`` outputs: one row per thread (Numba's
+    thread count by default), as the epilogue kernels take it."""
+    if threads is None:
+        import numba
+
+        threads = numba.config.NUMBA_NUM_THREADS
+    return thread_rows(threads, y_scratch_size(channels), np.float32)
