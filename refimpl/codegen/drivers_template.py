@@ -62,14 +62,14 @@ def _finish(mode: str) -> list[str]:
     return ["for o in range(np.uint64(n_out)):", f"    outrow[o] = {add}"] + _PACK
 
 
-def _ys(mode: str, rows: str, first: str, a: str, abase: str, px: str, pxbase: str, a2: str, px2base: str) -> list[str]:
+def _ys(mode: str, rows: str, first: str, a: str, abase: str, px: str, pxbase: str, a2: str, px2: str, px2base: str) -> list[str]:
     # none writes y straight into out; identity into the scratch (out holds the residual); down
     # its main y into out and the shortcut's into the scratch.
     if mode == "identity":
         return [_rows_call(rows, first, a, abase, px, pxbase, "", "yt", "np.int64(0)")]
     lines = [_rows_call(rows, first, a, abase, px, pxbase, "", "outflat", f"{first} * n_out")]
     if mode == "down":
-        lines += [_rows_call(rows, first, a2, abase, "px2flat" if a2 == "a2flat" else px, px2base, "2", "yt", "np.int64(0)")]
+        lines += [_rows_call(rows, first, a2, abase, px2, px2base, "2", "yt", "np.int64(0)")]
     return lines
 
 
@@ -102,7 +102,7 @@ def _epilogue_task(mode: str) -> list[str]:
         "            s1 = min(p_end, s0 + per_call)",
         "            g0 = i * positions + s0",
         *[f"            {line}" for line in _ys(mode, "np.int64(s1 - s0)", "g0", "aflat", "g0 * n_out", "pxflat", "g0",
-                                              "a2flat", "g0")],
+                                              "a2flat", "px2flat", "g0")],
         "            for p in range(s0, s1):",
         "                outrow = out[i, p]",
         *(["                yrow = yt[(p - s0) * n_out:(p - s0 + 1) * n_out]"] if mode != "none" else []),
@@ -142,7 +142,7 @@ def _fused_task(mode: str) -> list[str]:
           if down else []),
         f"        rows = min({TILE_PIXELS}, n_pixels - first)",
         *[f"        {line}" for line in _ys(mode, "np.int64(rows)", "first", "at", "np.int64(0)", "pxt", "np.int64(0)",
-                                          "at2", f"np.int64({TILE_PIXELS})")],
+                                          "at2", "pxt", f"np.int64({TILE_PIXELS})")],
         "        for q in range(rows):",
         "            i = (first + q) // positions",
         "            p = first + q - i * positions",

@@ -164,51 +164,50 @@ MODES = {
 }
 
 
-def convert_lines(counts: str, suffix: str, n: str) -> list[str]:
-    """Statements that replace the float32 counts ``A``..``D`` (with ``suffix``) by the count
-    convention's values, ``n`` the window's size (refimpl/conventions.py; none for ``raw``)."""
+def convert_lines(counts: str, n: str) -> list[str]:
+    """Statements that replace the float32 counts ``A``..``D`` by the count convention's values,
+    ``n`` the window's size (refimpl/conventions.py; none for ``raw``)."""
     if check_counts(counts) == DEFAULT_COUNTS:
         return []
     formula = ast.parse(CONVENTIONS[counts].formula, mode="eval").body
-    lines = [f"N{suffix} = {n}"]
+    lines = [f"N = {n}"]
     for v in "ABCD":
-        tree = substitute(formula, {"x": ast.Name(f"{v}{suffix}"), "n": ast.Name(f"N{suffix}")})
-        lines.append(f"{v}{suffix} = {to_numba(tree)}")
+        tree = substitute(formula, {"x": ast.Name(v), "n": ast.Name("N")})
+        lines.append(f"{v} = {to_numba(tree)}")
     return lines
 
 
-def _counts(suffix: str, counts: str, tables: list) -> list[str]:
+def _counts(counts: str, tables: list) -> list[str]:
     # The window sums arrive as float32: px (N, P), pw and npw = n - pw (P, O). Every value and
     # every intermediate below is an integer of magnitude < 2**24, so float32 arithmetic is
     # exact and gives the same a, b, c, d (and n = pw + npw) as the int64 identities
     # (docs/design.md section 1); the convention then rounds once (refimpl/conventions.py).
-    s = suffix
     return [
-        f"A{s} = F(arow{s}[o])",
-        f"B{s} = pwrow{s}[o] - A{s}",
-        f"C{s} = pxv{s} - A{s}",
-        f"D{s} = (npwrow{s}[o] - pxv{s}) + A{s}",
-    ] + _index_lines(tables, s) + convert_lines(counts, s, f"pwrow{s}[o] + npwrow{s}[o]")
+        "A = F(arow[o])",
+        "B = pwrow[o] - A",
+        "C = pxv - A",
+        "D = (npwrow[o] - pxv) + A",
+    ] + _index_lines(tables) + convert_lines(counts, "pwrow[o] + npwrow[o]")
 
 
-def _index_lines(tables: list, s: str) -> list[str]:
+def _index_lines(tables: list) -> list[str]:
     # The integer count of each tabled count, before the convention converts it: a from the
     # GEMM's int32, b, c, d from their exact float32 values. Unsigned, so no wraparound select;
     # masked to 31 bits (counts are < 2**24), so LLVM gathers with 16 dword indices, not 2 x 8 qword.
     used = sorted({count.upper() for count, _ in tables})
-    return [f"I{v}{s} = np.uint32(arow{s}[o]) & INDEX_MASK" if v == "A" else f"I{v}{s} = np.uint32({v}{s}) & INDEX_MASK"
+    return [f"I{v} = np.uint32(arow[o]) & INDEX_MASK" if v == "A" else f"I{v} = np.uint32({v}) & INDEX_MASK"
             for v in used]
 
 
-def _table_rows(tables: list, s: str, p: str) -> list[str]:
-    # This pixel's row of each table (the row of its window size: refimpl/codegen/measure_tables.py).
-    return [f"trow{k}{s} = tab{s}[{k}, toff{s}[{p}]:]" for k in range(len(tables))]
+def _table_rows(tables: list) -> list[str]:
+    # Pixel p's row of each table (the row of its window size: refimpl/codegen/measure_tables.py).
+    return [f"trow{k} = tab[{k}, toff[p]:]" for k in range(len(tables))]
 
 
-def _measure_call(tables: list, s: str, counts: str, fast: tuple = ()) -> str:
-    # fast: the kinds of FAST_KINDS this loop takes without a gather (_pixel says when).
-    alphas = ", ".join(f"al{k}{s}[o]" for k in range(4))
-    return f"measure_t(A{s}, B{s}, C{s}, D{s}, {fast_lookup_arguments(tables, counts, s, fast)}{alphas})"
+def _measure_call(tables: list, counts: str, fast: tuple = ()) -> str:
+    # fast: the kinds of FAST_KINDS this loop takes without a gather (_channels says when).
+    alphas = ", ".join(f"al{k}[o]" for k in range(4))
+    return f"measure_t(A, B, C, D, {fast_lookup_arguments(tables, counts, fast)}{alphas})"
 
 
 def _channels(counts: str, tables: list) -> list[str]:
@@ -218,11 +217,11 @@ def _channels(counts: str, tables: list) -> list[str]:
 
     def channel_loop(fast: tuple) -> list[str]:
         body = ["for o in range(np.uint64(n_out)):"]
-        body += [f"    {line}" for line in _counts("", counts, tables)]
-        body += [f"    m = {_measure_call(tables, '', counts, fast)}"]
+        body += [f"    {line}" for line in _counts(counts, tables)]
+        body += [f"    m = {_measure_call(tables, counts, fast)}"]
         return body + ["    outrow[o] = fma32(m, scale[o], shift[o])"]
 
-    head, used, slow = fast_checks(tables, counts, "")
+    head, used, slow = fast_checks(tables, counts)
     kinds = [kind for kind in FAST_KINDS if kind in slow]
     if not kinds:
         return channel_loop(())
@@ -234,7 +233,7 @@ def _channels(counts: str, tables: list) -> list[str]:
     lines += head
     lines += [f"slow_{kind} = np.uint32(0)" for kind in kinds]
     lines += ["for o in range(np.uint64(n_out)):"]
-    defined = _counts("", counts, [])[:4]  # A, B, C, D in order; B, C, D read only A
+    defined = _counts(counts, [])[:4]  # A, B, C, D in order; B, C, D read only A
     lines += [f"    {defined[0]}"] + [f"    {defined['ABCD'.index(v)]}" for v in used if v != "A"]
     lines += [f"    slow_{kind} |= np.uint32({c})" for kind in kinds for c in slow.get(kind, [])]
     combinations = [tuple(k for k, on in zip(kinds, bits) if on)
@@ -263,7 +262,7 @@ def _rows_function(counts: str, tables: list) -> list[str]:
         "    # npw = n - pw (P, O) float32 by pixel p; rows are pixels first + q of the image-major",
         "    # (N*P) order. The channel loop is the vectorized one: contiguous in every array.",
         "    n_out = pw.shape[1]",
-        *[f"    {line}" for line in _alphas("")],
+        *[f"    al{k} = alpha[{k}]" for k in range(4)],
         "    for q in range(n_rows):",
         "        g = first + q",
         "        p = g - (g // positions) * positions",
@@ -273,15 +272,10 @@ def _rows_function(counts: str, tables: list) -> list[str]:
         "        pxv = px[pxbase + q]",
         "        pwrow = pw[p]",
         "        npwrow = npw[p]",
-        *[f"        {line}" for line in _table_rows(tables, "", "p")],
+        *[f"        {line}" for line in _table_rows(tables)],
         "        outrow = y[ybase + q * n_out:ybase + (q + 1) * n_out]",
         *[f"        {line}" for line in _channels(counts, tables)],
     ]
-
-
-def _alphas(suffix: str) -> list[str]:
-    src = "alpha" + suffix
-    return [f"al{k}{suffix} = {src}[{k}]" for k in range(4)]
 
 
 def _module_head(g: Genome, counts: str, tables: bool) -> list[str]:

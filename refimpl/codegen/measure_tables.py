@@ -205,34 +205,34 @@ def fast_constants(tables: list[tuple[str, ast.expr]], counts: str) -> list[str]
     ]
 
 
-def fast_lookup_arguments(tables: list[tuple[str, ast.expr]], counts: str, s: str, fast: tuple) -> str:
-    """The ``T0, T1, ...`` arguments of ``measure_t`` in the epilogue, for counts ``A<s>``..: the
-    kinds in ``fast`` without a gather (a cube as ``(V * V) * V``, a tail as its value ``tv<k><s>``),
-    every other table looked up in its row ``trow<k><s>`` at the count's index ``I<V><s>``."""
+def fast_lookup_arguments(tables: list[tuple[str, ast.expr]], counts: str, fast: tuple) -> str:
+    """The ``T0, T1, ...`` arguments of ``measure_t`` in the epilogue, for counts ``A``..: the
+    kinds in ``fast`` without a gather (a cube as ``(V * V) * V``, a tail as its value ``tv<k>``),
+    every other table looked up in its row ``trow<k>`` at the count's index ``I<V>``."""
     out = ""
     for k, (count, node) in enumerate(tables):
-        v, kind = count.upper() + s, fast_kind(node, counts)
+        v, kind = count.upper(), fast_kind(node, counts)
         if kind in fast and kind == "cube":
             out += f"(({v} * {v}) * {v}), "
         elif kind in fast and kind == "tail":
-            out += f"tv{k}{s}, "
+            out += f"tv{k}, "
         else:
-            out += f"trow{k}{s}[I{v}], "
+            out += f"trow{k}[I{v}], "
     return out
 
 
-def fast_checks(tables: list[tuple[str, ast.expr]], counts: str, s: str) -> tuple[list[str], list[str], dict]:
+def fast_checks(tables: list[tuple[str, ast.expr]], counts: str) -> tuple[list[str], list[str], dict]:
     """(per-pixel lines, the counts the tests read, each kind's conditions of a slow pixel) of the
     epilogue's fast paths: a cubed count at or above CUBE_EXACT, a count of a tail table short of
-    its tail (``tails<s>[k]``, whose value ``tv<k><s>`` the lines read)."""
+    its tail (``tails[k]``, whose value ``tv<k>`` the lines read)."""
     head, used, slow = [], set(), {}
     for k, (count, node) in enumerate(tables):
         v, kind = count.upper(), fast_kind(node, counts)
         if kind == "cube":
-            slow.setdefault(kind, []).append(f"{v}{s} >= CUBE_EXACT")
+            slow.setdefault(kind, []).append(f"{v} >= CUBE_EXACT")
         elif kind == "tail":
-            head += [f"tl{k}{s} = F(tails{s}[{k}])", f"tv{k}{s} = trow{k}{s}[tails{s}[{k}]]"]
-            slow.setdefault(kind, []).append(f"{v}{s} < tl{k}{s}")
+            head += [f"tl{k} = F(tails[{k}])", f"tv{k} = trow{k}[tails[{k}]]"]
+            slow.setdefault(kind, []).append(f"{v} < tl{k}")
         if kind:
             used.add(v)
     return head, [v for v in "ABCD" if v in used], slow
