@@ -6,30 +6,43 @@ One package per layer, each importing only those below it (tests/test_layers.py)
 ``data`` and ``paper_results`` at the bottom, ``export`` and ``reproduce`` at the top. The
 paths modules had before (``bnn.layers``, ...) still import, with a DeprecationWarning
 (``bnn/_moved.py``).
+
+The public names below are imported on first use: ``import bnn`` checks that torch is installed
+but does not import it, so a process that never trains (a search's synthetic fitness and its
+workers, a command's ``--help`` or its refusals) does not pay torch's import (3-7 s of CPU).
 """
+import importlib
 import sys
 
 from . import (
     _moved,
-    _requires,  # noqa: F401  (before anything imports torch: without it, one line saying what to install)
+    _requires,  # noqa: F401  (first: without torch, one line saying what to install)
 )
-from .nn.counts import counts_conv2d, counts_dense
-from .nn.layers import BinaryConv2d, BinaryLinear, sign, ste_sign
-from .nn.measure import measure
 
-_moved.install(sys.modules[__name__])
+# public name -> the module that defines it
+PUBLIC = {
+    "BinaryConv2d": "bnn.nn.layers",
+    "BinaryLinear": "bnn.nn.layers",
+    "counts_conv2d": "bnn.nn.counts",
+    "counts_dense": "bnn.nn.counts",
+    "measure": "bnn.nn.measure",
+    "sign": "bnn.nn.layers",
+    "ste_sign": "bnn.nn.layers",
+}
+
+_moved.install(sys.modules[__name__], PUBLIC)
 
 
 def __getattr__(name: str):
+    if name in PUBLIC:
+        value = getattr(importlib.import_module(PUBLIC[name]), name)
+        globals()[name] = value  # once: later lookups find it without this function
+        return value
     return _moved.attribute(name)
 
 
-__all__ = [
-    "BinaryConv2d",
-    "BinaryLinear",
-    "counts_conv2d",
-    "counts_dense",
-    "measure",
-    "sign",
-    "ste_sign",
-]
+def __dir__():
+    return sorted(set(globals()) | set(PUBLIC))
+
+
+__all__ = sorted(PUBLIC)

@@ -79,19 +79,23 @@ _SPECS: dict = {}  # new module name -> its own spec, kept across the import sys
 
 class _Package(types.ModuleType):
     # The import system binds an imported submodule on its package: an old path must not replace a
-    # public name of bnn that has the same name (bnn.measure is the function, not bnn.nn.measure).
+    # public name of bnn that has the same name (bnn.measure is the function, not bnn.nn.measure),
+    # loaded or not yet (bnn's public names are imported on first use).
     def __setattr__(self, name, value):
-        kept = self.__dict__.get(name)
-        if isinstance(value, types.ModuleType) and f"{self.__name__}.{name}" in MOVED and kept is not None \
-                and not isinstance(kept, types.ModuleType):
+        if isinstance(value, types.ModuleType) and f"{self.__name__}.{name}" in MOVED and name in _PUBLIC:
+            getattr(self, name)  # the public name, imported now if it was not
             return
         super().__setattr__(name, value)
 
 
-def install(package: types.ModuleType) -> None:
-    """The finder on sys.meta_path (once), and ``package`` (bnn) keeping its public names."""
+_PUBLIC: dict = {}  # bnn's public names (bnn.PUBLIC), set by install
+
+
+def install(package: types.ModuleType, public: dict) -> None:
+    """The finder on sys.meta_path (once), and ``package`` (bnn) keeping its ``public`` names."""
     if not any(isinstance(f, _Alias) for f in sys.meta_path):
         sys.meta_path.insert(0, _Alias())  # first: an editable install's finder would look for the old file
+    _PUBLIC.update(public)
     package.__class__ = _Package
 
 

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,18 @@ def test_refimpl_imports_nothing_the_base_install_lacks():
 
 
 def _without_torch(tmp_path, *args):
-    # A torch that is not there: its import raises what a missing package raises.
-    (tmp_path / "torch").mkdir()
-    (tmp_path / "torch" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    # This environment less torch: every entry of its site-packages linked into one folder but
+    # torch's, and Python started without its site (-S) on that folder and the checkout.
+    site = tmp_path / "site"
+    site.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith("torch"):
+            (site / entry.name).symlink_to(entry)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    look = subprocess.run([sys.executable, "-S", "-c", "import importlib.util as u; print(u.find_spec('torch'))"],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+    assert look.stdout == "None\n", look  # torch is not there to be found
+    return subprocess.run([sys.executable, "-S", *args], cwd=ROOT, env=env, capture_output=True, text=True)
 
 
 def test_a_bnn_command_without_torch_is_one_line_naming_the_install(tmp_path):

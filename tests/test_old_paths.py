@@ -97,3 +97,18 @@ def test_no_code_of_the_project_imports_an_old_path():
                     continue
                 hits += [f"{path.relative_to(root)}:{node.lineno} {n}" for n in names if n in MOVED]
     assert hits == [], "old paths (bnn/_moved.py): " + ", ".join(hits)
+
+
+def test_bnn_and_the_search_import_torch_only_when_a_public_name_is_used():
+    # A synthetic search, its pool workers and Ray actors, and every --help of bnn.search never
+    # train: torch's import (3-7 s of CPU a process) is paid where a layer is first used.
+    code = ("import sys, bnn, bnn.search.cli, bnn.search.evaluators\n"
+            "print('torch' in sys.modules)\n"
+            "import bnn.measure\n"  # the old path of bnn.nn.measure, before bnn.measure was ever read
+            "from bnn import BinaryConv2d\n"
+            "print('torch' in sys.modules, callable(bnn.measure), bnn.measure is bnn.nn.measure.measure,\n"
+            "      BinaryConv2d.__module__, sorted(bnn.__all__) == sorted(bnn.PUBLIC), set(bnn.PUBLIC) <= set(dir(bnn)))\n")
+    r = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", code], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["False", "True True True bnn.nn.layers True True"]
