@@ -62,9 +62,20 @@ def test_the_names_bnn_train_had_are_importable_from_the_package():
         config_TrainConfig, files_load_checkpoint, cli_main, loop_train_model)
 
 
-def test_the_package_commands_run_as_python_m():
-    # One process (torch is imported once): each package's __main__ as ``python -m`` runs it.
-    code = ("import runpy, sys\n"
+def test_the_package_commands_run_as_python_m_and_torch_loads_on_first_use():
+    # One process (torch is imported once): each package's __main__ as ``python -m`` runs it. First,
+    # before anything uses a layer: bnn, the search's command line and its workers' module import
+    # no torch (3-7 s of CPU a process that never trains); an old path (bnn.measure), imported
+    # before bnn.measure was ever read, does not shadow the public function; names load on use.
+    code = ("import runpy, sys, warnings\n"
+            "import bnn, bnn.search.cli, bnn.search.evaluators\n"
+            "print('torch' in sys.modules)\n"
+            "with warnings.catch_warnings():\n"
+            "    warnings.simplefilter('ignore', DeprecationWarning)\n"
+            "    import bnn.measure\n"
+            "from bnn import BinaryConv2d\n"
+            "print('torch' in sys.modules, callable(bnn.measure), bnn.measure is bnn.nn.measure.measure,\n"
+            "      BinaryConv2d.__module__, sorted(bnn.__all__) == sorted(bnn.PUBLIC), set(bnn.PUBLIC) <= set(dir(bnn)))\n"
             "for name in ('bnn.train', 'bnn.evidence', 'bnn.diagnose'):\n"
             "    sys.argv = [name, '--help']\n"
             "    try:\n"
@@ -74,6 +85,7 @@ def test_the_package_commands_run_as_python_m():
     r = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", code], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["False", "True True True bnn.nn.layers True True"]
     for name in ("bnn.train", "bnn.evidence", "bnn.diagnose"):
         assert f"{name} exit 0" in r.stdout
 
@@ -98,17 +110,3 @@ def test_no_code_of_the_project_imports_an_old_path():
                 hits += [f"{path.relative_to(root)}:{node.lineno} {n}" for n in names if n in MOVED]
     assert hits == [], "old paths (bnn/_moved.py): " + ", ".join(hits)
 
-
-def test_bnn_and_the_search_import_torch_only_when_a_public_name_is_used():
-    # A synthetic search, its pool workers and Ray actors, and every --help of bnn.search never
-    # train: torch's import (3-7 s of CPU a process) is paid where a layer is first used.
-    code = ("import sys, bnn, bnn.search.cli, bnn.search.evaluators\n"
-            "print('torch' in sys.modules)\n"
-            "import bnn.measure\n"  # the old path of bnn.nn.measure, before bnn.measure was ever read
-            "from bnn import BinaryConv2d\n"
-            "print('torch' in sys.modules, callable(bnn.measure), bnn.measure is bnn.nn.measure.measure,\n"
-            "      BinaryConv2d.__module__, sorted(bnn.__all__) == sorted(bnn.PUBLIC), set(bnn.PUBLIC) <= set(dir(bnn)))\n")
-    r = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", code], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split("\n")[:2] == ["False", "True True True bnn.nn.layers True True"]
