@@ -30,7 +30,7 @@ PUBLIC = {
     "ste_sign": "bnn.nn.layers",
 }
 
-_moved.install(sys.modules[__name__], PUBLIC)
+_moved.install(sys.modules[__name__])
 
 
 def __getattr__(name: str):

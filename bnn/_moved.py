@@ -82,20 +82,17 @@ class _Package(types.ModuleType):
     # public name of bnn that has the same name (bnn.measure is the function, not bnn.nn.measure),
     # loaded or not yet (bnn's public names are imported on first use).
     def __setattr__(self, name, value):
-        if isinstance(value, types.ModuleType) and f"{self.__name__}.{name}" in MOVED and name in _PUBLIC:
+        if isinstance(value, types.ModuleType) and f"{self.__name__}.{name}" in MOVED \
+                and name in self.__dict__.get("PUBLIC", ()):
             getattr(self, name)  # the public name, imported now if it was not
             return
         super().__setattr__(name, value)
 
 
-_PUBLIC: dict = {}  # bnn's public names (bnn.PUBLIC), set by install
-
-
-def install(package: types.ModuleType, public: dict) -> None:
-    """The finder on sys.meta_path (once), and ``package`` (bnn) keeping its ``public`` names."""
+def install(package: types.ModuleType) -> None:
+    """The finder on sys.meta_path (once), and ``package`` (bnn) keeping its public names (its ``PUBLIC``)."""
     if not any(isinstance(f, _Alias) for f in sys.meta_path):
         sys.meta_path.insert(0, _Alias())  # first: an editable install's finder would look for the old file
-    _PUBLIC.update(public)
     package.__class__ = _Package
 
 

@@ -109,4 +109,3 @@ def test_no_code_of_the_project_imports_an_old_path():
                     continue
                 hits += [f"{path.relative_to(root)}:{node.lineno} {n}" for n in names if n in MOVED]
     assert hits == [], "old paths (bnn/_moved.py): " + ", ".join(hits)
-
