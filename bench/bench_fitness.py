@@ -252,9 +252,20 @@ def _child(rank: int, k: int, args: dict, barrier, results) -> None:
                      if str(exc).strip() else type(exc).__name__})
 
 
+def _process_context(device: str):
+    """How the K processes start: on the CPU from a fork server that imported torch, dynamo (Adam's first
+    step imports it) and this script once, where spawn paid 7 s of CPU for them in every process; spawn
+    on CUDA, where a fork server is not yet measured on a GPU, and where fork servers do not exist."""
+    if device != "cpu" or "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["__main__", "torch", "torch._dynamo"])
+    return ctx
+
+
 def concurrent(args, k: int) -> dict:
     """K processes on the device at once, each running the measured step loop: their aggregate images/s."""
-    ctx = mp.get_context("spawn")
+    ctx = _process_context(args.device)
     barrier, results = ctx.Barrier(k), ctx.Queue()
     child_args = {"device": args.device, "images": args.images, "genome": args.genome, "warmup": args.warmup,
                   "steps": args.steps, "opts": loop_options(args)}
