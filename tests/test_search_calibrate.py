@@ -169,6 +169,23 @@ def test_trainings_that_ended_in_error_are_named_and_trained_again(tmp_path, gri
     assert len((tmp_path / "cal" / "journal.jsonl").read_text().splitlines()) == 1 + 21 + 3  # the three again
 
 
+def test_each_design_names_the_search_flags_that_run_it(tmp_path, grid):
+    from bnn.search.cli import build_parser
+
+    r = calibrate(*_args(grid, tmp_path / "cal"))
+    assert r.returncode == 0, r.stderr
+    rows = {d["design"]: d for d in json.loads(r.stdout.strip().splitlines()[-1])["designs"]}
+    # Written here from the ladder the command was given (1:100,2:200:2, promote 0.5, seeds from 100).
+    r0, r1 = {"epochs": 1, "train_size": 100, "seeds": 1}, {"epochs": 2, "train_size": 200, "seeds": 2}
+    want = {"rung 0 (1 epochs, 100 images, 1 seed)": ([r0], None, None), "rung 0 paired": ([r0], True, None),
+            "rung 1 (2 epochs, 200 images, 2 seeds)": ([r1], None, None), "rung 1 paired": ([r1], True, None),
+            "ladder to rung 1 (paired)": ([r0, r1], True, 0.5)}
+    assert set(rows) == set(want)
+    for name, (rungs, paired, promote) in want.items():
+        args = build_parser().parse_args(rows[name]["search_flags"])  # the search's own parser
+        assert (args.rungs, args.paired, args.promote, args.train_seed) == (rungs, paired, promote, 100), name
+
+
 def _row(design, rho, fraction):
     return {"design": design, "rho": rho, "fraction_of_full": fraction}
 
@@ -193,6 +210,14 @@ def test_the_decision_follows_the_rule_fixed_before_the_results(rows, chosen, re
     assert d["design"] == chosen and reason in d["reason"], d
 
 
+def test_the_decision_carries_the_chosen_designs_search_flags():
+    from bnn.search.calibrate import decide
+
+    flags = ["--rungs", "2:5000:1,3:15000:2", "--paired"]
+    d = decide([R0, {**_row("ladder to rung 1 (paired)", 0.9, 0.1), "search_flags": flags}])
+    assert d["design"] == "ladder to rung 1 (paired)" and d["search_flags"] == flags
+
+
 def test_the_command_prints_its_decision(tmp_path, grid):
     r = calibrate(*_args(grid, tmp_path / "cal"))
     assert r.returncode == 0, r.stderr
@@ -202,3 +227,4 @@ def test_the_command_prints_its_decision(tmp_path, grid):
         assert "Algorithm 1's fitness stays the default; " + out["decision"]["reason"] in line
     else:
         assert "the search's default becomes " + out["decision"]["reason"] in line
+        assert "Search with it: python -m bnn.search " + " ".join(out["decision"]["search_flags"]) in r.stdout

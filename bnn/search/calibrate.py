@@ -173,8 +173,10 @@ def designs(settings: dict, cells: list[dict], done: dict[str, dict], clock: str
         paired = [mean(_acc(rec(c["genome"], c["counts"], r, s)) - _acc(rec(BASELINE, "raw", r, s))
                        for s in lad0.seeds(r)) for c in cells]
         cost = mean(secs(c["genome"], c["counts"], r) for c in cells)
-        out.append({"design": f"rung {r} ({_budget(rungs[r])})", "values": raw, "seconds": cost})
-        out.append({"design": f"rung {r} paired", "values": paired, "seconds": cost})
+        alone = ["--rungs", rung_text(rungs[r]), "--train-seed", str(settings["train_seed"])]
+        out.append({"design": f"rung {r} ({_budget(rungs[r])})", "values": raw, "seconds": cost, "search_flags": alone})
+        out.append({"design": f"rung {r} paired", "values": paired, "seconds": cost,
+                    "search_flags": [*alone, "--paired"]})
     for top in range(1, len(rungs)):  # the ladder over rungs 0..top, replayed in the grid's order
         lad = Ladder(rungs[: top + 1], True, settings["promote"], settings["train_seed"])
         for r in range(top + 1):
@@ -191,8 +193,16 @@ def designs(settings: dict, cells: list[dict], done: dict[str, dict], clock: str
                     decision = lad.on_result(i, r, s, rec(c["genome"], c["counts"], r, s)) or decision
             values.append(ga_value(decision[0][2], decision[0][3], True))
             spent.append(cost)
-        out.append({"design": f"ladder to rung {top} (paired)", "values": values, "seconds": mean(spent)})
+        out.append({"design": f"ladder to rung {top} (paired)", "values": values, "seconds": mean(spent),
+                    "search_flags": ["--rungs", ",".join(rung_text(x) for x in rungs[: top + 1]), "--paired",
+                                     "--promote", repr(float(settings["promote"])),
+                                     "--train-seed", str(settings["train_seed"])]})
     return out
+
+
+def rung_text(rung: dict) -> str:
+    """A rung as ``--rungs`` takes it: EPOCHS:IMAGES:SEEDS."""
+    return f"{rung['epochs']}:{'all' if rung['train_size'] is None else rung['train_size']}:{rung['seeds']}"
 
 
 def _budget(rung: dict) -> str:
@@ -218,7 +228,8 @@ def calibration(settings: dict, cells: list[dict], done: dict[str, dict], cell_s
         rows.append({"design": d["design"], "rho": spearman(d["values"], full), "rho_ci": [lo, hi],
                      "top3_agree": top_agreement(d["values"], full) if len(cells) > 3 else None,
                      "seconds_per_measure": d["seconds"],
-                     "fraction_of_full": d["seconds"] / cell_s if cell_s else None, "values": d["values"]})
+                     "fraction_of_full": d["seconds"] / cell_s if cell_s else None, "values": d["values"],
+                     "search_flags": d["search_flags"]})
     return rows
 
 
@@ -238,7 +249,7 @@ def decide(rows: list[dict], max_fraction: float = 0.25, min_rho: float = 0.8) -
         return {"design": None, "reason": f"the best within the cost, {said}, is below rho {min_rho:g}"}
     if rung0 is not None and not best["rho"] > rung0:
         return {"design": None, "reason": f"the best within the cost, {said}, is not above rung 0's rho {rung0:.2f}"}
-    return {"design": best["design"], "reason": said}
+    return {"design": best["design"], "reason": said, "search_flags": best.get("search_flags", [])}
 
 
 def markdown(rows: list[dict], cells: list[dict], clock: str = "wall_s") -> str:
@@ -313,6 +324,8 @@ def main(argv=None) -> int:
     print("\nDecision (docs/evidence.md section 5): "
           + (f"the search's default becomes {decision['reason']}" if decision["design"] else
              f"Algorithm 1's fitness stays the default; {decision['reason']}"))
+    if decision["design"]:  # the design as the search runs it, so the second search cannot mistype it
+        print("Search with it: python -m bnn.search " + " ".join(decision["search_flags"]))
     if args.json:
         print(json.dumps({"cells": cells, "designs": rows, "clock": clock, "decision": decision}, allow_nan=False))
     return 0
