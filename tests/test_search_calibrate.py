@@ -208,6 +208,8 @@ def test_the_decision_follows_the_rule_fixed_before_the_results(rows, chosen, re
 
     d = decide(rows)
     assert d["design"] == chosen and reason in d["reason"], d
+    if chosen is None:
+        assert d["search_flags"] == []  # Algorithm 1, the search's default: no flags
 
 
 def test_the_decision_carries_the_chosen_designs_search_flags():

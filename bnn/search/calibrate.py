@@ -236,19 +236,21 @@ def calibration(settings: dict, cells: list[dict], done: dict[str, dict], cell_s
 def decide(rows: list[dict], max_fraction: float = 0.25, min_rho: float = 0.8) -> dict:
     """The search's default by the rule docs/evidence.md section 5 fixed before any result: among the designs
     that cost at most ``max_fraction`` of a full-recipe cell per measure, the highest rho (the cheaper on a tie)
-    if it is at least ``min_rho`` and above rung 0's (Algorithm 1's fitness); else Algorithm 1 stays."""
+    if it is at least ``min_rho`` and above rung 0's (Algorithm 1's fitness); else Algorithm 1 stays (no design,
+    no flags)."""
+    stay = lambda reason: {"design": None, "reason": reason, "search_flags": []}  # noqa: E731
     rung0 = next((r["rho"] for r in rows if r["design"].startswith("rung 0 (")), None)
     if any(r["fraction_of_full"] is None for r in rows):
-        return {"design": None, "reason": "no cost: the full-recipe grid records no cell seconds on this clock"}
+        return stay("no cost: the full-recipe grid records no cell seconds on this clock")
     eligible = [r for r in rows if r["rho"] is not None and r["fraction_of_full"] <= max_fraction]
     if not eligible:
-        return {"design": None, "reason": f"no design costs at most {max_fraction:g} of a full-recipe cell"}
+        return stay(f"no design costs at most {max_fraction:g} of a full-recipe cell")
     best = min(eligible, key=lambda r: (-r["rho"], r["fraction_of_full"]))
     said = f"{best['design']}: rho {best['rho']:.2f} at {best['fraction_of_full']:.3f} of a full-recipe cell"
     if best["rho"] < min_rho:
-        return {"design": None, "reason": f"the best within the cost, {said}, is below rho {min_rho:g}"}
+        return stay(f"the best within the cost, {said}, is below rho {min_rho:g}")
     if rung0 is not None and not best["rho"] > rung0:
-        return {"design": None, "reason": f"the best within the cost, {said}, is not above rung 0's rho {rung0:.2f}"}
+        return stay(f"the best within the cost, {said}, is not above rung 0's rho {rung0:.2f}")
     return {"design": best["design"], "reason": said, "search_flags": best.get("search_flags", [])}
 
 
