@@ -187,7 +187,7 @@ def test_each_design_names_the_search_flags_that_run_it(tmp_path, grid):
 
 
 def _row(design, rho, fraction):
-    return {"design": design, "rho": rho, "fraction_of_full": fraction}
+    return {"design": design, "rho": rho, "fraction_of_full": fraction, "search_flags": [f"--as {design}"]}
 
 
 R0 = _row("rung 0 (2 epochs, 5,000 images, 1 seed)", 0.5, 0.03)

@@ -251,7 +251,7 @@ def decide(rows: list[dict], max_fraction: float = 0.25, min_rho: float = 0.8) -
         return stay(f"the best within the cost, {said}, is below rho {min_rho:g}")
     if rung0 is not None and not best["rho"] > rung0:
         return stay(f"the best within the cost, {said}, is not above rung 0's rho {rung0:.2f}")
-    return {"design": best["design"], "reason": said, "search_flags": best.get("search_flags", [])}
+    return {"design": best["design"], "reason": said, "search_flags": best["search_flags"]}
 
 
 def markdown(rows: list[dict], cells: list[dict], clock: str = "wall_s") -> str:
