@@ -75,21 +75,34 @@ else
   rungs="1:200,1:400:2"
   workers=2
 fi
+# A fresh device runs nothing else: a lock carried from the last machine names a process of that one.
+# (On this CPU the lock stays: it is the kernel's, gone with its process, and deleting the file under a
+# running grid would let a second one lock a second file of the same name: bnn/common/runlock.py.)
+[ "$mode" = gpu ] && rm -f "$ROOT/full/lock"
+# The state of the last session is committed (docs/evidence-runs/calibration-gpu or -cpu): a fresh machine
+# continues it (on the CPU, only a machine of the same kind: the grid refuses to pair two kinds).
+SAVED=docs/evidence-runs/$(basename "$ROOT")
+if [ "$mode" != smoke ] && [ ! -f "$ROOT/full/journal.jsonl" ] && [ -f "$SAVED/full/journal.jsonl" ]; then
+  mkdir -p "$ROOT" && cp -r "$SAVED/." "$ROOT/" && echo "continuing the committed state in $SAVED"
+fi
+if [ "$mode" = cpu ] && [ -f "$ROOT/full/journal.jsonl" ]; then  # one CPU kind per experiment (evidence.md section 5)
+  "$PY" - "$ROOT/full/journal.jsonl" <<'EOF' || exit 2
+import json, sys
+from bnn.train.host import cpu_kind, host_info
+here = cpu_kind(host_info("cpu"))
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+other = sorted({r["cpu_kind"] for r in rows if r.get("cpu_kind")} - {here})
+if other:
+    sys.exit(f"error: {sys.argv[1]} holds cells trained on {other}, and this CPU is {here!r}; "
+             "continue this experiment on that kind only, or give a new root with CAL_ROOT=...")
+EOF
+fi
 mkdir -p "$OUT" "$ROOT/logs" || exit 2
 OUT=$(cd "$OUT" && pwd)
 LOGS=$(cd "$ROOT/logs" && pwd)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OMP_WAIT_POLICY=PASSIVE
 deadline=$(( $(date +%s) + budget ))
 : > "$OUT/calibration-steps.tsv"
-# A fresh device runs nothing else: a lock carried from the last machine names a process of that one.
-# (On this CPU the lock stays: it is the kernel's, gone with its process, and deleting the file under a
-# running grid would let a second one lock a second file of the same name: bnn/common/runlock.py.)
-[ "$mode" = gpu ] && rm -f "$ROOT/full/lock"
-# The state of the last GPU session is committed (docs/evidence-runs/calibration-gpu): a fresh machine continues it.
-SAVED=docs/evidence-runs/calibration-gpu
-if [ "$mode" = gpu ] && [ ! -f "$ROOT/full/journal.jsonl" ] && [ -f "$SAVED/full/journal.jsonl" ]; then
-  mkdir -p "$ROOT" && cp -r "$SAVED/." "$ROOT/" && echo "continuing the committed state in $SAVED"
-fi
 
 step() {  # step NAME COMMAND...: under the time left (none under 20 s), output appended to ROOT/logs/NAME.out and .err
   local name=$1 left t0 rc

@@ -138,3 +138,23 @@ def test_the_gpu_calibration_script_refuses_bad_input_before_writing(tmp_path, a
                        timeout=60, env={"PATH": "/usr/bin:/bin", "OUT": str(out), "CAL_ROOT": str(root), **env})
     assert r.returncode == 2 and r.stderr.strip() == message
     assert not out.exists() and not root.exists()
+
+
+def test_the_cpu_calibration_refuses_to_continue_a_journal_of_another_cpu_kind(tmp_path):
+    # A CPU experiment is one kind of CPU (docs/evidence.md section 5): cells of two kinds are never one ranking.
+    data, out, root = tmp_path / "fm", tmp_path / "out", tmp_path / "root"
+    data.mkdir()
+    (data / "train-images-idx3-ubyte.gz").write_bytes(b"")  # the script checks that the data is there, no more
+    journal = root / "full" / "journal.jsonl"
+    journal.parent.mkdir(parents=True)
+    row = '{"key": "baseline/binary/s0", "cpu_kind": "Other CPU; torch AVX512; refimpl avx512bw"}\n'
+    journal.write_text(row)
+    r = subprocess.run(["bash", str(ROOT / "bench" / "gpu_calibration.sh"), "--cpu"], capture_output=True, text=True,
+                       timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "OUT": str(out),
+                                         "CAL_ROOT": str(root), "BNN_DATA_DIR": str(data)})
+    assert r.returncode == 2
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {journal} holds cells trained on ['Other CPU; torch AVX512; refimpl avx512bw'], "
+                           "and this CPU is '"), r.stderr
+    assert last.endswith("; continue this experiment on that kind only, or give a new root with CAL_ROOT=...")
+    assert journal.read_text() == row and not out.exists() and not (root / "logs").exists()
