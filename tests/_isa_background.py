@@ -7,14 +7,9 @@ the test that asks, it was the suite's longest test and its tail (the other work
 path in turn while the suite fills the cores' idle time (tests waiting on their subprocesses);
 the tests of ``test_isa_paths.py`` wait for the runner's result files, never for a sleep.
 Without the runner (a single test run by node id, say) the test probes synchronously.
-
-``.ci/run`` starts the runner itself, before torch is installed, on the core that pip leaves idle
-(``python tests/_isa_background.py FOLDER`` prints the setting to export); the conftest then
-starts none.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -57,27 +52,6 @@ def runner_main(folder: str, paths: list[str]) -> None:
                           json.dumps({"returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr[-4000:]}))
 
 
-def standalone_isa():
-    """refimpl/isa.py alone: importing the package here would compile kernels before the workers start."""
-    spec = importlib.util.spec_from_file_location("_refimpl_isa_for_probes", os.path.join(ROOT, "refimpl", "isa.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def lower_paths() -> list[str]:
-    """The paths this CPU can execute other than the one the tests run (REFIMPL_ISA's, else the host's best)."""
-    isa = standalone_isa()
-    wanted = os.environ.get(isa.ENV, "").strip().lower()
-    current = wanted if wanted in isa.PATHS else isa.host_path()
-    return [p for p in isa.executable_paths() if p != current]
-
-
-def setting(folder: str, runner: subprocess.Popen, paths: list[str]) -> str:
-    """The value of ``FOLDER_VARIABLE`` that points the tests at ``runner``'s results."""
-    return os.pathsep.join([folder, str(runner.pid), ",".join(paths)])
-
-
 def start(folder: str, paths: list[str]) -> subprocess.Popen:
     code = f"import sys; sys.path.insert(0, {os.path.join(ROOT, 'tests')!r}); import _isa_background as b; " \
            f"b.runner_main({folder!r}, {paths!r})"
@@ -112,9 +86,3 @@ def scheduled_result(path: str) -> dict | None:
         time.sleep(0.5)
     with open(result) as f:
         return json.load(f)
-
-
-if __name__ == "__main__":
-    # .ci/run: start the runner now and print the setting to export (empty: no lower path to probe).
-    lower = lower_paths()
-    print(setting(sys.argv[1], start(sys.argv[1], lower), lower) if lower else "")

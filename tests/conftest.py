@@ -1,11 +1,11 @@
 """Session set-up shared by every worker: the forced-path probes start in the background.
 
 See ``tests/_isa_background.py`` for why. Only the controller (or a run without xdist) starts
-the runner, only when the run includes ``tests/test_isa_paths.py``, and only when none runs yet
-(``.ci/run`` starts one during its install and exports ``REFIMPL_TEST_ISA_PROBES``).
+the runner, and only when the run includes ``tests/test_isa_paths.py``.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -27,6 +27,14 @@ _runner = None
 _folder = None
 
 
+def _standalone_isa():
+    # refimpl/isa.py alone: importing the package here would compile kernels before workers start.
+    spec = importlib.util.spec_from_file_location("_refimpl_isa_for_conftest", TESTS.parent / "refimpl" / "isa.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _selects_isa_tests(config) -> bool:
     for arg in config.args or [str(config.rootpath)]:
         target = Path(arg.split("::")[0]).resolve()
@@ -41,13 +49,16 @@ def pytest_configure(config):
         return
     if not _selects_isa_tests(config):
         return
-    lower = _isa_background.lower_paths()
+    isa = _standalone_isa()
+    wanted = os.environ.get(isa.ENV, "").strip().lower()
+    current = wanted if wanted in isa.PATHS else isa.host_path()
+    lower = [p for p in isa.executable_paths() if p != current]
     if not lower:
         return
     _folder = folder = tempfile.mkdtemp(prefix="isa-probes-")
     _runner = _isa_background.start(folder, lower)
     threading.Thread(target=_runner.wait, daemon=True).start()  # reaped at once: a dead runner has no pid
-    os.environ[_isa_background.FOLDER_VARIABLE] = _isa_background.setting(folder, _runner, lower)
+    os.environ[_isa_background.FOLDER_VARIABLE] = os.pathsep.join([folder, str(_runner.pid), ",".join(lower)])
 
 
 def pytest_unconfigure(config):
