@@ -140,6 +140,23 @@ def test_the_gpu_calibration_script_refuses_bad_input_before_writing(tmp_path, a
     assert not out.exists() and not root.exists()
 
 
+@pytest.mark.parametrize("args, env, message", [
+    (["--bogus"], {}, "error: unknown option '--bogus'; give --smoke or nothing"),
+    ([], {"BNN_DATA_DIR": "/nonexistent/fm"},
+     "error: no Fashion-MNIST in /nonexistent/fm; set BNN_DATA_DIR to the folder of its four IDX files"),
+    (["--smoke"], {}, "error: no decision in {cal}/logs/calibrate.out; run bash bench/gpu_calibration.sh --cpu "
+                      "(or --cpu-smoke) to its end first, or set CAL_ROOT to the calibration's folder"),
+])
+def test_the_second_search_script_refuses_bad_input_before_writing(tmp_path, args, env, message):
+    cal, run = tmp_path / "cal", tmp_path / "search"
+    (cal / "logs").mkdir(parents=True)
+    (cal / "logs" / "calibrate.out").write_text("| a calibration stopped before its decision |\n")
+    r = subprocess.run(["bash", str(ROOT / "bench" / "second_search.sh"), *args], capture_output=True, text=True,
+                       timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "CAL_ROOT": str(cal),
+                                        "SEARCH_DIR": str(run), **env})
+    assert r.returncode == 2 and r.stderr.strip() == message.format(cal=cal), r.stderr
+    assert not run.exists() and sorted(p.name for p in cal.rglob("*")) == ["calibrate.out", "logs"]
+
 def test_the_cpu_calibration_refuses_to_continue_a_journal_of_another_cpu_kind(tmp_path):
     # A CPU experiment is one kind of CPU (docs/evidence.md section 5): cells of two kinds are never one ranking.
     data, out, root = tmp_path / "fm", tmp_path / "out", tmp_path / "root"
