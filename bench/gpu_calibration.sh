@@ -35,6 +35,7 @@ PY=${PYTHON:-python3}
 ROOT=${CAL_ROOT:-runs/calibration-gpu}
 mode=gpu
 case "${1:-}" in
+  -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;  # the header above, without its #
   --cpu-smoke) mode=smoke ;;
   --cpu) mode=cpu ;;
   "") ;;

@@ -34,6 +34,7 @@ OUT=${OUT:-./gpu_out}
 PY=${PYTHON:-python3}
 mode=gpu
 case "${1:-}" in
+  -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;  # the header above, without its #
   --cpu-smoke) mode=cpu ;;
   "") ;;
   *) echo "error: unknown option '$1'; give --cpu-smoke or nothing" >&2; exit 2 ;;

@@ -23,6 +23,7 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-./gpu_out}
 mode=full
 case "${1:-}" in
+  -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;  # the header above, without its #
   --smoke) mode=smoke ;;
   "") ;;
   *) echo "error: unknown option '$1'; give --smoke or nothing" >&2; exit 2 ;;

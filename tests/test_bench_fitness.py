@@ -125,6 +125,20 @@ def test_the_gpu_session_script_refuses_an_unknown_option(tmp_path):
     assert not (tmp_path / "out").exists()  # refused before anything is written
 
 
+@pytest.mark.parametrize("script, usage", [
+    ("gpu_session.sh", "bash bench/gpu_session.sh --cpu-smoke"),
+    ("gpu_calibration.sh", "bash bench/gpu_calibration.sh --cpu-smoke"),
+    ("second_search.sh", "bash bench/second_search.sh --smoke"),
+])
+def test_each_session_script_prints_its_header_as_help(tmp_path, script, usage):
+    r = subprocess.run(["bash", str(ROOT / "bench" / script), "--help"], capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")}, cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr == ""
+    lines = r.stdout.splitlines()
+    assert any(line.lstrip().startswith(usage) for line in lines), r.stdout
+    assert not any(line.startswith("#") or line.startswith("set ") for line in lines)  # the header, and only it
+    assert list(tmp_path.iterdir()) == []
+
 @pytest.mark.parametrize("args, env, message", [
     (["--bogus"], {}, "error: unknown option '--bogus'; give --cpu, --cpu-smoke or nothing"),
     ([], {"BNN_DATA_DIR": "/nonexistent/fm"},
