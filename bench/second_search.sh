@@ -91,7 +91,7 @@ fi
 # 2. Its three best members other than XNOR, retrained with the full recipe in the calibration's grid.
 top=$("$PY" - "$RUN/results.json" <<'EOF'
 import json, sys
-from refimpl.genome import Genome
+from refimpl.genome import PAPER_MEASURES, Genome
 baseline = str(Genome.parse("baseline"))
 found = []
 for row in json.load(open(sys.argv[1]))["population"]:
@@ -100,7 +100,9 @@ for row in json.load(open(sys.argv[1]))["population"]:
         found.append(g)
 if len(found) < 3:
     sys.exit(f"error: {sys.argv[1]} has {len(found)} members other than XNOR; the plan retrains three")
-print(",".join(found[:3]))
+# A paper measure by its name, as the calibration's grid has it, so that its finished cells are reused.
+names = {str(Genome.parse(g)): name for name, g in PAPER_MEASURES.items()}
+print(",".join(names.get(g, g) for g in found[:3]))
 EOF
 ) || exit 2
 echo "[retrain] $top"
