@@ -160,7 +160,9 @@ def test_every_cell_gets_the_protocol_and_its_own_measure_and_seed(tmp_path, fak
     for cfg in fake_train:
         assert (cfg.dataset, cfg.model, cfg.epochs, cfg.batch_size, cfg.lr, cfg.milestones) == \
             ("digits", "digits_net", 1, 64, 0.002, (5, 7))
-        assert cfg.out_dir is None and cfg.eval_test
+        # its own run folder under the root, resumed if a checkpoint is left there (bnn/evidence/cells.py)
+        assert os.path.dirname(cfg.out_dir) == str(tmp_path / "cells") and cfg.resume and cfg.eval_test
+    assert len({cfg.out_dir for cfg in fake_train}) == 2 and not (tmp_path / "cells").exists()  # removed once journaled
     rows = _read_json(tmp_path / "results.json")["rows"]
     assert [(r["measure"], r["downsample"], r["verdict"]) for r in rows] == \
         [("M9", "binary", "no baseline"), ("baseline", "real", "reference")]
@@ -354,6 +356,39 @@ def test_smoke_grid_trains_reports_and_journals_on_digits(tmp_path, capsys):
         return
     assert (root / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+
+class _MachineStopped(BaseException):
+    """What a kill looks like to the grid: nothing after it runs (not an Exception, so no cell catches it)."""
+
+
+def test_a_cell_stopped_mid_training_continues_from_its_checkpoint_with_the_same_result(tmp_path, monkeypatch,
+                                                                                      capsys):
+    from bnn.evidence.cells import cell_folder
+
+    args = ["--dataset", "digits", "--epochs", "2", "--measures", "baseline", "--seeds", "0", "--real-measures",
+            "none", "--no-progress", "--no-plot"]
+    assert evidence.main([*args, "--root", str(tmp_path / "whole")]) == 0
+    [whole] = _journal(tmp_path / "whole")[1:]
+    real = bnn_train.train_model
+
+    def stopped_after_one_epoch(cfg, data=None, **kw):
+        real(cfg, data=data, _stop_after_epoch=1, **kw)  # its checkpoint written, as at a kill after epoch 1
+        raise _MachineStopped
+
+    root = tmp_path / "stopped"
+    monkeypatch.setattr(bnn_train, "train_model", stopped_after_one_epoch)
+    with pytest.raises(_MachineStopped):
+        evidence.main([*args, "--root", str(root)])
+    folder = cell_folder(str(root), "baseline/binary/s0")
+    [epoch1] = bnn_train.load_checkpoint(os.path.join(folder, "checkpoint.pt"))["history"]
+    assert len(_journal(root)) == 1 and epoch1["epoch"] == 1 and epoch1["cpu_s"] > 0  # the protocol line only
+    monkeypatch.setattr(bnn_train, "train_model", real)
+    assert evidence.main([*args, "--root", str(root)]) == 0
+    [resumed] = _journal(root)[1:]
+    same = ("status", "val_acc", "test_acc", "epochs")
+    assert {k: resumed[k] for k in same} == {k: whole[k] for k in same} and resumed["epochs"] == 2
+    assert resumed["cpu_s"] > epoch1["cpu_s"] and resumed["wall_s"] > epoch1["wall_s"]  # the first run's time too
+    assert sorted(os.listdir(root)) == ["journal.jsonl", "lock", "results.json", "results.md"]  # its folder removed
 
 def test_jobs_train_cells_in_worker_processes_with_the_serial_results(tmp_path, capsys):
     import torch

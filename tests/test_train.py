@@ -13,7 +13,7 @@ from _tiny_cifar import ARCHIVE, make_cifar
 from bnn.data import load_dataset
 from bnn.train import PRESETS, TrainConfig, load_checkpoint, train_model
 
-TIMING = {"images_per_s", "wall_s"}
+TIMING = {"images_per_s", "wall_s", "cpu_s"}
 # 0/0 everywhere: U1..U4 = zero, B1 = B2 = x+y, B3 = x/y.
 NAN_GENOME = "1-1-1-1-0-0-4"
 

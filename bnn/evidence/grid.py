@@ -38,6 +38,7 @@ from ..common.runlock import RunDirInUse, hold_run_dir
 from ..paper_results import MEASURES
 from ..settings import FITNESS, MEASURE_IMPL_BEFORE, MEASURE_IMPLS
 from . import report
+from .cells import cell_folder, earlier_run, forget_cell
 from .journal import GridError, read_journal, start_journal
 
 # =============================================================================================
@@ -130,10 +131,12 @@ def protocol_of(cfg) -> dict:
     return json.loads(json.dumps(d))  # tuples -> lists, as the journal holds them
 
 
-def cell_config(base, cell: dict):
-    """``base`` with the cell's genome, seed, downsampling kind and count convention."""
+def cell_config(base, cell: dict, root: str | None = None):
+    """``base`` with the cell's genome, seed, downsampling kind and count convention; with ``root``, its
+    run folder there (``cell_folder``), resumed from its last epoch's checkpoint if one is left."""
+    folder = {"out_dir": cell_folder(root, cell["key"]), "resume": True} if root is not None else {}
     return dataclasses.replace(base, measure=cell["genome"], seed=cell["seed"], downsample=cell["downsample"],
-                               counts=cell.get("counts", RAW))
+                               counts=cell.get("counts", RAW), **folder)
 
 
 # =============================================================================================
@@ -195,10 +198,13 @@ def _train_cell(cfg, data) -> dict:
 
 def _timed_cell(cfg, data) -> dict:
     """A cell's result, its wall seconds and its process's CPU seconds: on a shared host a niced cell's
-    wall time says what else ran, its CPU time what the cell cost."""
+    wall time says what else ran, its CPU time what the cell cost. A resumed cell adds what its earlier
+    runs spent up to its checkpoint."""
+    wall0, cpu0 = earlier_run(cfg)
     t0, c0 = time.perf_counter(), time.process_time()
     row = _train_cell(cfg, data)
-    return {**row, "wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(time.process_time() - c0, 3)}
+    return {**row, "wall_s": round(wall0 + time.perf_counter() - t0, 3),
+            "cpu_s": round(cpu0 + time.process_time() - c0, 3)}
 
 
 # One process per job, each with its own copy of the data set and cores // jobs torch threads:
@@ -269,7 +275,7 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
     t0 = time.perf_counter()
     protocol = protocol_of(base)
     journal = os.path.join(root, "journal.jsonl")
-    configs = {c["key"]: cell_config(base, c) for c in cells}
+    configs = {c["key"]: cell_config(base, c, root) for c in cells}
     with lock_root(root):
         report.check_report_files(root)  # a folder named results.json: said now, not after every cell
         saved, done = read_journal(journal, log)
@@ -297,6 +303,7 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
             row = {**cell, **result, "device": device, "host": host, "cpu_kind": kind, "threads": threads}
             append_line(journal, row)
             done[cell["key"]] = row
+            forget_cell(root, cell["key"])
             if bar is not None:
                 bar.write(_cell_line(i, len(todo), row), file=sys.stderr)  # above the bar, never on stdout
                 bar.update(1)

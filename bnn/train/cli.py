@@ -12,7 +12,7 @@ written after every epoch; the metrics history is in the checkpoint too, and ``m
 rewritten from it on resume, so a kill between the two writes cannot duplicate or drop a line.
 
 Run folder: ``metrics.jsonl`` (one JSON object per epoch: epoch, train_loss, train_acc, val_acc,
-lr, images_per_s, wall_s, status), ``checkpoint.pt`` and, once finished, ``summary.json``.
+lr, images_per_s, wall_s, cpu_s, status), ``checkpoint.pt`` and, once finished, ``summary.json``.
 ``checkpoint.pt`` loads with ``torch.load(path, weights_only=True)`` and holds what export needs:
 ``model_config`` (arch, measure, num_classes, input_shape, downsample, counts:
 ``bnn.nn.models.build_model(**...)`` rebuilds the model; a checkpoint without downsample is binary,

@@ -96,7 +96,7 @@ def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: flo
     ``keep``: a dict a caller holds across runs (a search worker): under measure_impl "triton" the model,
     its optimizer and its captured step are kept there and reset in place for the next genome.
     """
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     cfg.validate()
     device = resolve_device(cfg.device, cfg.dataset)
     setup_backend(device)
@@ -115,10 +115,12 @@ def train_model(cfg: TrainConfig, data: Dataset | None = None, reject_below: flo
 
     status, test = "running", None
     wall_offset = history[-1]["wall_s"] if history else 0.0  # wall_s counts across resumes
+    cpu_offset = (history[-1].get("cpu_s") or 0.0) if history else 0.0  # and cpu_s (none in older checkpoints)
     for epoch in range(start_epoch + 1, cfg.epochs + 1):
         steps = _train_steps(cfg, data, device, model, forward, optimizer, gen, epoch, progress, kind)
         val_acc, _ = evaluate(model, data, data.val_x, data.val_y)
-        row = _epoch_row(epoch, steps, val_acc, optimizer.param_groups[0]["lr"], wall_offset + time.perf_counter() - t0)
+        row = _epoch_row(epoch, steps, val_acc, optimizer.param_groups[0]["lr"], wall_offset + time.perf_counter() - t0,
+                         cpu_offset + time.process_time() - c0)
         if steps["diverged"]:
             status = "diverged"
         else:
@@ -340,7 +342,7 @@ def _train_steps(cfg, data, device, model, forward, optimizer, gen, epoch, progr
             "train_s": time.perf_counter() - t_epoch}
 
 
-def _epoch_row(epoch: int, steps: dict, val_acc, lr: float, wall_s: float) -> dict:
+def _epoch_row(epoch: int, steps: dict, val_acc, lr: float, wall_s: float, cpu_s: float) -> dict:
     # One line of metrics.jsonl, its keys in this order.
     seen, train_s = steps["seen"], steps["train_s"]
     return {
@@ -352,6 +354,7 @@ def _epoch_row(epoch: int, steps: dict, val_acc, lr: float, wall_s: float) -> di
         "lr": float(lr),
         "images_per_s": seen / train_s if train_s > 0 else None,
         "wall_s": wall_s,
+        "cpu_s": cpu_s,  # this process's CPU seconds (every thread), counted across resumes as wall_s is
         "status": "diverged" if steps["diverged"] else "ok",
     }
 
