@@ -378,7 +378,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="network (default: the data set's default, mnist_net for MNIST-like sets)")
     p.add_argument("--data-dir", help="folder with the data set's files (default: $BNN_DATA_DIR or ./data)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    p.add_argument("--root", help="run folder: journal, lock, results (default: runs/evidence-DATASET)")
+    p.add_argument("--root", help="run folder: journal, lock, results, and cells/ with the checkpoints of cells in "
+                   "progress, from which a rerun continues them (default: runs/evidence-DATASET)")
     p.add_argument("--measures", help=f"comma-separated names or genomes, downsample=binary (default: {','.join(MEASURES)})")
     p.add_argument("--seeds", help=f"comma-separated seeds in 0..2**63-1 (default: {','.join(map(str, SEEDS))})")
     p.add_argument("--real-measures", help=f"measures also run with downsample=real, or 'none' (default: {','.join(REAL_MEASURES)})")
