@@ -91,8 +91,13 @@ if [ "$mode" = cpu ] && [ -f "$ROOT/full/journal.jsonl" ]; then  # one CPU kind 
 import json, sys
 from bnn.train.host import cpu_kind, host_info
 here = cpu_kind(host_info("cpu"))
-rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-other = sorted({r["cpu_kind"] for r in rows if r.get("cpu_kind")} - {here})
+def row(line):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return {}  # a torn last line: the grid cuts it off itself
+rows = [r for r in map(row, open(sys.argv[1])) if isinstance(r, dict)]
+other = sorted({r["cpu_kind"] for r in rows if isinstance(r.get("cpu_kind"), str)} - {here})
 if other:
     sys.exit(f"error: {sys.argv[1]} holds cells trained on {other}, and this CPU is {here!r}; "
              "continue this experiment on that kind only, or give a new root with CAL_ROOT=...")

@@ -178,8 +178,8 @@ def test_the_cpu_calibration_refuses_to_continue_a_journal_of_another_cpu_kind(t
     (data / "train-images-idx3-ubyte.gz").write_bytes(b"")  # the script checks that the data is there, no more
     journal = root / "full" / "journal.jsonl"
     journal.parent.mkdir(parents=True)
-    row = '{"key": "baseline/binary/s0", "cpu_kind": "Other CPU; torch AVX512; refimpl avx512bw"}\n'
-    journal.write_text(row)
+    row = '{"key": "baseline/binary/s0", "cpu_kind": "Other CPU; torch AVX512; refimpl avx512bw"}\n{"key": "base'
+    journal.write_text(row)  # and a torn last line, as a killed grid leaves it
     r = subprocess.run(["bash", str(ROOT / "bench" / "gpu_calibration.sh"), "--cpu"], capture_output=True, text=True,
                        timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "OUT": str(out),
                                          "CAL_ROOT": str(root), "BNN_DATA_DIR": str(data)})

@@ -115,6 +115,21 @@ def test_evidence_smoke_with_a_planted_journal_or_lock_link_is_one_line(tmp_path
         assert target.read_bytes() == PRECIOUS
 
 
+@pytest.mark.parametrize("planted", ["cells", "cells/baseline_binary_s0"])
+def test_an_evidence_cells_folder_that_is_a_link_is_refused_and_its_target_untouched(tmp_path, capsys, planted):
+    # A cell keeps its checkpoint in ROOT/cells/<key> and the grid deletes that folder once journaled.
+    root, target = tmp_path / "ev", tmp_path / "users"
+    (target / "baseline_binary_s0").mkdir(parents=True)
+    (target / "baseline_binary_s0" / "notes.txt").write_bytes(PRECIOUS)
+    (root / planted).parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(target if planted == "cells" else target / "baseline_binary_s0", root / planted)
+    assert evidence.main(["--smoke", "--root", str(root), "--no-progress", "--no-plot"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"refusing to use {root / planted}: it is a symbolic link" in line
+    assert (target / "baseline_binary_s0" / "notes.txt").read_bytes() == PRECIOUS
+    assert sorted(os.listdir(target)) == ["baseline_binary_s0"] and os.path.islink(root / planted)
+
+
 # -- the search journal -----------------------------------------------------------------------------
 
 def test_a_search_journal_link_is_refused_on_resume_and_its_target_untouched(tmp_path, capsys):

@@ -38,7 +38,7 @@ from ..common.runlock import RunDirInUse, hold_run_dir
 from ..paper_results import MEASURES
 from ..settings import FITNESS, MEASURE_IMPL_BEFORE, MEASURE_IMPLS
 from . import report
-from .cells import cell_folder, earlier_run, forget_cell
+from .cells import cell_folder, check_cells, earlier_run, forget_cell
 from .journal import GridError, read_journal, start_journal
 
 # =============================================================================================
@@ -278,6 +278,7 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
     configs = {c["key"]: cell_config(base, c, root) for c in cells}
     with lock_root(root):
         report.check_report_files(root)  # a folder named results.json: said now, not after every cell
+        check_cells(root)
         saved, done = read_journal(journal, log)
         if saved is None:
             start_journal(journal, protocol)  # a torn protocol line is replaced, not appended to
