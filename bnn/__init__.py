@@ -9,7 +9,8 @@ paths modules had before (``bnn.layers``, ...) still import, with a DeprecationW
 
 The public names below are imported on first use: ``import bnn`` checks that torch is installed
 but does not import it, so a process that never trains (a search's synthetic fitness and its
-workers, a command's ``--help`` or its refusals) does not pay torch's import (3-7 s of CPU).
+workers, a command's ``--help`` or its refused arguments: tests/test_old_paths.py) does not pay
+torch's import (3-7 s of CPU). ``bnn.export`` is the exception: one module, it imports torch first.
 """
 import importlib
 import sys

@@ -55,6 +55,8 @@ PRESETS = {
 }
 DEFAULT_PRESET = {"digits": "digits", "mnist": "mnist", "fashion-mnist": "mnist", "cifar10": "fitness",
                   "cifar100": "fitness"}
+# The architectures bnn.nn.models.MODELS builds, named here for the commands' help without torch.
+MODEL_NAMES = ("resnet18", "resnet34", "vgg13", "nin", "digits_net", "mnist_net")
 DEFAULT_MODEL = {"digits": "digits_net", "mnist": "mnist_net", "fashion-mnist": "mnist_net",
                  "cifar10": "resnet18", "cifar100": "resnet18"}
 ADAM_BETAS = (0.9, 0.999)

@@ -141,7 +141,7 @@ def test_its_steps_are_bnn_trains_steps(digits):
 def test_an_overflow_in_the_counts_backward_is_named_with_its_sum():
     # Finite count gradients of 3e38 sum to dL/da = ga - gb - gc + gd = inf in the counts' backward, whose
     # convolution with 0/1 bits then gives inf * 0 = NaN: the first non-finite gradient is made there.
-    from bnn.diagnose.cli import _first_gradient_failure
+    from bnn.diagnose.run import _first_gradient_failure
     from bnn.nn.layers import BinaryConv2d
 
     torch.manual_seed(0)

@@ -13,6 +13,13 @@ BINARY_LAYER_COUNT = {"resnet18": 16 + 3, "resnet34": 32 + 3, "vgg13": 9, "nin":
                       "mnist_net": 7 + 2}
 
 
+def test_the_settings_name_every_model_the_commands_offer_in_their_help():
+    # bnn.settings.MODEL_NAMES is what --help and bnn.diagnose's --model choices show without torch.
+    from bnn.settings import MODEL_NAMES
+
+    assert tuple(MODELS) == MODEL_NAMES
+
+
 def _build(name, measure="baseline", num_classes=10):
     return build_model(name, measure, num_classes, SHAPES.get(name, (3, 32, 32)))
 

@@ -90,6 +90,26 @@ def test_the_package_commands_run_as_python_m_and_torch_loads_on_first_use():
         assert f"{name} exit 0" in r.stdout
 
 
+def test_help_and_a_refused_argument_of_every_command_import_no_torch():
+    # torch costs a process 3-7 s of CPU to import: a user asking a command for --help, or giving it
+    # a bad number, waits for none of it. One fresh process runs each command twice, as python -m.
+    code = ("import runpy, sys\n"
+            "for name, bad in (('bnn.train', '--epochs=0'), ('bnn.diagnose', '--steps=0'), ('bnn.evidence', '--jobs=0'),\n"
+            "                  ('bnn.search', '--population=0'), ('bnn.reproduce', '--bogus')):\n"
+            "    for arg in ('--help', bad):\n"
+            "        sys.argv = [name, arg]\n"
+            "        try:\n"
+            "            runpy.run_module(name, run_name='__main__', alter_sys=True)\n"
+            "        except SystemExit as e:\n"
+            "            print(name, arg, e.code, 'torch' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("bnn.")]
+    assert r.returncode == 0 and len(lines) == 10, (r.stdout, r.stderr)
+    for line in lines:
+        name, arg, code_, torch_loaded = line.split()
+        assert code_ == ("0" if arg == "--help" else "2") and torch_loaded == "False", line
+
+
 def test_no_code_of_the_project_imports_an_old_path():
     root = Path(bnn.__file__).resolve().parent.parent
     hits = []

@@ -35,6 +35,7 @@ from torch import nn
 
 from refimpl.conventions import DEFAULT as DEFAULT_COUNTS
 from refimpl.conventions import check_counts
+from refimpl.engine.format import DOWNSAMPLE_KINDS  # the model file's kinds: one list for both paths
 from refimpl.genome import Genome
 
 from .layers import BinaryConv2d
@@ -53,9 +54,6 @@ _VGG13 = (64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M
 # gave +0.9 points on Fashion-MNIST, +0.25 on MNIST (6 epochs, seed 0).
 MNIST_STEM = (32, 2)  # stem channels, stem stride
 _MNIST_STAGES = ((32, 1), (64, 3), (128, 3))
-
-
-DOWNSAMPLE_KINDS = ("binary", "real")
 
 
 def check_downsample(kind) -> str:

@@ -28,31 +28,30 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from refimpl.cli import OneLineParser, nonnegative_int, one_line, positive_float, positive_int, refuse_with, seed_int
 from refimpl.conventions import NAMES as COUNT_CONVENTIONS
+from refimpl.datasets import DATASETS, canonical_name, dataset_arg
+from refimpl.engine.format import DOWNSAMPLE_KINDS
 from refimpl.genome import Genome
 
 from ..common.runlock import hold_run_dir
-from ..data import DATASETS, canonical_name, dataset_arg
-from ..nn.models import DOWNSAMPLE_KINDS, MODELS
 from ..settings import (
     DEFAULT_MODEL,
     DEFAULT_PRESET,
     MEASURE_IMPL_BEFORE,
     MEASURE_IMPLS,
+    MODEL_NAMES,
     PRESETS,
     STEPS,
 )
-from .config import TrainConfig, check_settings
-from .files import (
-    CHECKPOINT,
-    SUMMARY,
-    json_safe,
-    load_checkpoint,
-    run_finished,
-)
-from .loop import train_model
+
+if TYPE_CHECKING:  # annotations only: the module imports no torch
+    from .config import TrainConfig
+
+# torch (3-7 s of CPU to import) loads only once the arguments are parsed and checked: ``--help``
+# and a refused argument never pay it. The run's modules are imported where they are used.
 
 # =============================================================================================
 # Command line
@@ -78,7 +77,7 @@ def _per_preset(key: str) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m bnn.train", description="Train a binarized network with a searched similarity measure.")
-    p.add_argument("--model", help=f"one of {', '.join(MODELS)} (default: {_per_dataset(DEFAULT_MODEL)})")
+    p.add_argument("--model", help=f"one of {', '.join(MODEL_NAMES)} (default: {_per_dataset(DEFAULT_MODEL)})")
     p.add_argument("--dataset", default="digits", type=dataset_arg, metavar="{" + ",".join(DATASETS) + "}",
                    help="digits (default, embedded), mnist, fashion-mnist (IDX files), cifar10 or cifar100")
     p.add_argument("--data-dir", help="folder holding the data files (default: $BNN_DATA_DIR or ./data)")
@@ -130,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def config_from_args(args, ckpt: dict | None = None) -> TrainConfig:
     """The TrainConfig of parsed command-line ``args``: a preset with overrides, or the resumed run's own."""
+    from .config import TrainConfig
+    from .files import CHECKPOINT, load_checkpoint
+
     if args.resume:
         ckpt = ckpt or load_checkpoint(os.path.join(args.resume, CHECKPOINT))
         saved = dict(ckpt["config"])
@@ -170,6 +172,8 @@ def config_from_args(args, ckpt: dict | None = None) -> TrainConfig:
 def _refuse_existing_run(out_dir: str) -> None:
     # The default --out is the same for the same data set, model, measure and seed: a rerun with
     # other settings would silently replace the first run.
+    from .files import CHECKPOINT, SUMMARY
+
     if os.path.exists(os.path.join(out_dir, SUMMARY)):
         raise ValueError(f"{out_dir} holds a finished run ({SUMMARY}); pass --overwrite to replace it, "
                          "or choose another --out")
@@ -197,6 +201,10 @@ def main(argv=None) -> int:
     if args is None:
         return code
     kill_after = int(os.environ[_KILL_ENV]) if os.environ.get(_KILL_ENV) else None
+    from .config import check_settings
+    from .files import CHECKPOINT, json_safe, load_checkpoint, run_finished
+    from .loop import train_model
+
     lock = None
     try:
         refuse_with(parser.given(argv), "resume", RESUME_FIXED,
