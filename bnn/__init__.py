@@ -10,7 +10,7 @@ paths modules had before (``bnn.layers``, ...) still import, with a DeprecationW
 The public names below are imported on first use: ``import bnn`` checks that torch is installed
 but does not import it, so a process that never trains (a search's synthetic fitness and its
 workers, a command's ``--help`` or its refused arguments: tests/test_old_paths.py) does not pay
-torch's import (3-7 s of CPU). ``bnn.export`` is the exception: one module, it imports torch first.
+torch's import (3-7 s of CPU).
 """
 import importlib
 import sys

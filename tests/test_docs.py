@@ -210,10 +210,10 @@ def test_layout_check_flags_a_missing_folder_row_and_a_name_not_in_the_tree():
     readme = (ROOT / "README.md").read_text()
     engine_row = next(line for line in readme.splitlines() if line.startswith("| `refimpl/engine/` |"))
     broken = readme.replace(engine_row + "\n", "").replace(
-        "| `bnn/export.py`, `reproduce.py` |", "| `bnn/export.py`, `gone.py` | `kernels/nowhere.py` and"
+        "| `bnn/reproduce.py` |", "| `bnn/reproduce.py`, `gone.py` | `kernels/nowhere.py` and"
     )
     assert layout_problems(broken) == [
         "names `bnn/gone.py`, which is not in the tree",
-        "the bnn/export.py row names `kernels/nowhere.py`, which is not in the tree",
+        "the bnn/reproduce.py row names `kernels/nowhere.py`, which is not in the tree",
         "has no row for refimpl/engine/",
     ]

@@ -95,7 +95,8 @@ def test_help_and_a_refused_argument_of_every_command_import_no_torch():
     # a bad number, waits for none of it. One fresh process runs each command twice, as python -m.
     code = ("import runpy, sys\n"
             "for name, bad in (('bnn.train', '--epochs=0'), ('bnn.diagnose', '--steps=0'), ('bnn.evidence', '--jobs=0'),\n"
-            "                  ('bnn.search', '--population=0'), ('bnn.reproduce', '--bogus')):\n"
+            "                  ('bnn.search', '--population=0'), ('bnn.reproduce', '--bogus'),\n"
+            "                  ('bnn.export', '--bogus')):\n"
             "    for arg in ('--help', bad):\n"
             "        sys.argv = [name, arg]\n"
             "        try:\n"
@@ -104,7 +105,7 @@ def test_help_and_a_refused_argument_of_every_command_import_no_torch():
             "            print(name, arg, e.code, 'torch' in sys.modules)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     lines = [line for line in r.stdout.splitlines() if line.startswith("bnn.")]
-    assert r.returncode == 0 and len(lines) == 10, (r.stdout, r.stderr)
+    assert r.returncode == 0 and len(lines) == 12, (r.stdout, r.stderr)
     for line in lines:
         name, arg, code_, torch_loaded = line.split()
         assert code_ == ("0" if arg == "--help" else "2") and torch_loaded == "False", line

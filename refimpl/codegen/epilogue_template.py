@@ -9,7 +9,7 @@ computes, per output,
     b = pw - a,  c = px - a,  d = (n - pw) - px + a         (docs/design.md section 1; exact integers)
     m = B3(B1(U1(a), U2(d)), B2(U3(b), U4(c)))              (float32, every op rounded to float32)
     y = fma(m, scale, shift)  [+ residual]                  (folded BatchNorm as torch computes it,
-                                                             bnn/export.py, refimpl/kernels/fma.py)
+                                                             bnn/export/model_file.py, refimpl/kernels/fma.py)
 
 writes ``y`` (float32, channels last: (N, H*W, C); the next residual needs the real value) and,
 when the next layer is binary, ``sign(y)`` packed straight into that layer's zero-padded

@@ -3,7 +3,7 @@
     model = refimpl.engine.load("MODEL.bnn")
     logits = model.run(model.preprocess(images))        # or model.predict(images)
 
-* ``format``: the ``.bnn`` format, its name, version and typed layer records (``bnn/export.py``
+* ``format``: the ``.bnn`` format, its name, version and typed layer records (``bnn/export/model_file.py``
   writes them);
 * ``model_file`` (with ``_safetensors``): reads a file and checks every field, the one place
   that validates one (``ModelFileError``, one line, for anything the kernels could not run);

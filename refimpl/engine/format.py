@@ -1,6 +1,6 @@
 """The ``.bnn`` file format, owned here: its name, its version and its typed layer records.
 
-``bnn/export.py`` builds a ``Description`` of a trained model and writes ``metadata()`` and
+``bnn/export/model_file.py`` builds a ``Description`` of a trained model and writes ``metadata()`` and
 ``tensors()``; ``model_file.py`` reads a file back into the same records, checking every field
 (the one place that validates a file; the exporter runs it too before writing), and the engine
 runs them. docs/design.md section 10 describes the container, every metadata key and every

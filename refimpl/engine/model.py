@@ -41,7 +41,7 @@ models truly at once. First runs compile each kernel once (``epilogue.py``).
 
 Semantics are the PyTorch model's in eval mode: docs/design.md section 1 counts (padded taps count
 in none of a, b, c, d), the measure as ``refimpl.measure(dtype=float32)`` computes it, BatchNorm
-as torch's CPU kernel computes it (``bnn/export.py`` derives the folding).
+as torch's CPU kernel computes it (``bnn/export/model_file.py`` derives the folding).
 """
 from __future__ import annotations
 

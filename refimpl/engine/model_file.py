@@ -1,4 +1,4 @@
-"""The ``.bnn`` file (``format.py``; written by ``bnn/export.py``), read and checked for the engine.
+"""The ``.bnn`` file (``format.py``; written by ``bnn/export/model_file.py``), read and checked for the engine.
 
 A model file is data: nothing in it reaches a kernel unchecked. ``read`` takes only a regular
 file, and only as many bytes as its safetensors header declares (``_safetensors.py``); ``describe`` checks every

@@ -1,4 +1,4 @@
-"""Export a trained BNN for the CPU engine: ``python -m bnn.export CHECKPOINT -o MODEL.bnn``.
+"""A trained BNN as the CPU engine's ``.bnn`` file (``python -m bnn.export``: bnn/export/cli.py).
 
 The file format, its name, version and layer records are refimpl's (``refimpl/engine/format.py``
 documents them): this module turns a ``bnn.nn.models.BNNet`` into those records, folding every
@@ -11,14 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import sys
 
 import numpy as np
 import torch
 from torch import nn
 
-from refimpl.cli import OneLineParser, one_line
 from refimpl.conventions import DEFAULT as DEFAULT_COUNTS
 from refimpl.engine import format as fmt
 from refimpl.engine.model_file import ModelFileError, describe
@@ -28,8 +25,8 @@ from refimpl.kernels.bits import pack_bits
 from refimpl.kernels.fma import fma
 from refimpl.kernels.geometry import int_pair
 
-from .nn.layers import BinaryConv2d
-from .nn.models import BinaryUnit, build_model
+from ..nn.layers import BinaryConv2d
+from ..nn.models import BinaryUnit, build_model
 
 
 # ----------------------------------------------------------------------------------------------
@@ -264,7 +261,7 @@ def export_checkpoint(checkpoint: str, out: str) -> dict:
     ValueError (one line) for a checkpoint whose config or weights do not fit, or an ``out``
     that is the checkpoint itself; nothing is written then.
     """
-    from .train import load_checkpoint
+    from ..train import load_checkpoint
 
     check_output(out, [checkpoint])  # -o CHECKPOINT would replace the checkpoint with the export
     ckpt = load_checkpoint(checkpoint, resumable=False)
@@ -287,26 +284,3 @@ def export_checkpoint(checkpoint: str, out: str) -> dict:
         model, out, mean=data.get("mean"), std=data.get("std"), pixel_max=data.get("pixel_max"),
         class_names=data.get("class_names"), source_sha256=sha256_file(checkpoint), dataset=data.get("name"),
     )
-
-
-def main(argv=None) -> int:
-    """``python -m bnn.export CHECKPOINT -o OUT``: 0, or 2 with one ``error:`` line."""
-    p = OneLineParser(prog="python -m bnn.export",
-                description="Export a bnn.train checkpoint to a .bnn file for the CPU engine (python -m refimpl.infer).")
-    p.add_argument("checkpoint", help="checkpoint.pt written by python -m bnn.train")
-    p.add_argument("-o", "--out", required=True, help="output file, e.g. MODEL.bnn")
-    args = p.parse_args(argv)
-    try:
-        meta = export_checkpoint(args.checkpoint, args.out)
-    except (ValueError, FileNotFoundError, OSError) as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return 2
-    size = os.path.getsize(args.out)
-    print(f"wrote {args.out}: {meta['arch']} with genome {meta['genome']}, {meta['downsample']} downsampling, "
-          f"{meta['counts']} counts, "
-          f"{size / 1e6:.2f} MB")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
