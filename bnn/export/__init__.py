@@ -14,7 +14,9 @@ __all__ = ["export_checkpoint", "export_model", "fold_batchnorm", "main", "sha25
 
 
 def __getattr__(name: str):
-    if name.startswith("__"):  # a module attribute Python looks up (__path__, ...): none here
+    # A dunder Python looks up, or a submodule not imported yet (``from bnn.export import cli``
+    # asks here first): not a name of model_file, and asking it would import torch for nothing.
+    if name.startswith("__") or name in ("cli", "model_file"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{_LAZY.get(name, 'model_file')}"), name)  # or AttributeError
     globals()[name] = value  # once: later lookups find it without this function
