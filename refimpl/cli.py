@@ -15,6 +15,7 @@ import io
 import math
 import re
 import sys
+from fractions import Fraction
 
 # Seeds reach torch.manual_seed, NumPy and Python's random: all take 0..2**63-1 as an int64.
 SEED_MAX = 2**63 - 1
@@ -124,4 +125,15 @@ def positive_float(text: str) -> float:
         v = math.nan
     if not (math.isfinite(v) and v > 0 and str(text).strip().isascii()):
         raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return v
+
+
+def fraction(text: str) -> float:
+    """An argparse ``type=``: a number in (0, 1], as a decimal or a ratio (``0.25``, ``1/3``)."""
+    try:
+        v = float(Fraction(str(text).strip()))
+    except (TypeError, ValueError, ZeroDivisionError):
+        v = math.nan
+    if not (0 < v <= 1 and str(text).isascii()):
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1] such as 1/3 or 0.25, got {text!r}")
     return v

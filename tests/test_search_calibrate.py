@@ -103,7 +103,8 @@ def test_a_torn_journal_continues_and_other_settings_are_refused(tmp_path, grid)
 
 
 @pytest.mark.parametrize("extra, message", [(["--rungs", "2:100,1:100"], "must not be cheaper"),
-                                            (["--promote", "2"], "fraction in (0, 1]")])
+                                            (["--promote", "2"], "fraction in (0, 1]"),
+                                            (["--promote", "0"], "fraction in (0, 1]")])
 def test_bad_options_get_one_line_and_exit_2(tmp_path, grid, extra, message):
     r = calibrate("--full", grid, "--rungs", "1:100", "--fitness", "synthetic:1", "--out", tmp_path / "c", *extra)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1

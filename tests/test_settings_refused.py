@@ -11,7 +11,7 @@ from bnn import evidence, reproduce
 from bnn import train as bnn_train
 from bnn.search import cli as search_cli
 from refimpl import infer
-from refimpl.cli import parse_int, positive_float
+from refimpl.cli import fraction, parse_int, positive_float
 
 U64_MAX = "18446744073709551615"  # 2**64 - 1: past int64, which torch and NumPy seeds are
 DIGITS_TRAIN = 1437  # 1797 digits less the 360 of the test split (refimpl/datasets/digits.py)
@@ -57,6 +57,18 @@ def test_positive_float_refuses_what_is_not_finite_and_positive(text):
     with pytest.raises(argparse.ArgumentTypeError, match="finite number > 0"):
         positive_float(text)
     assert positive_float("5e-3") == 0.005
+
+
+@pytest.mark.parametrize("text", ["0", "0/3", "3/2", "1.5", "-1/3", "1/0", "nan", "inf", "x", "1/3x", "１/3", ""])
+def test_fraction_refuses_what_is_not_in_zero_to_one(text):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"fraction in \(0, 1\]"):
+        fraction(text)
+
+
+def test_fraction_takes_the_docs_ratio_form_and_decimals():
+    # The docs write --promote 1/3 (the default): it must be the same double as the default 1 / 3.
+    assert fraction("1/3") == 1 / 3 and fraction(" 2/4 ") == 0.5 and fraction("0.25") == 0.25 and fraction("1") == 1.0
+    assert search_cli.build_parser().parse_args(["--promote", "1/3"]).promote == 1 / 3
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from refimpl.datasets import DATASETS, canonical_name, dataset_arg
 from refimpl.engine.format import DOWNSAMPLE_KINDS
 from refimpl.genome import Genome
 
-from ..evidence import PROTOCOLS
+from ..evidence.protocol import PROTOCOLS
 from ..settings import DEFAULT_MODEL, DEFAULT_PRESET, MODEL_NAMES, PRESETS
 
 if TYPE_CHECKING:  # annotations only: the module imports no torch

@@ -40,28 +40,7 @@ from ..settings import FITNESS, MEASURE_IMPL_BEFORE, MEASURE_IMPLS
 from . import report
 from .cells import cell_folder, check_cells, earlier_run, forget_cell
 from .journal import GridError, read_journal, start_journal
-
-# =============================================================================================
-# The protocol: the only place its defaults are set. Every option below can override them.
-PROTOCOLS = {
-    # Sized so the 42 default cells fit well under 2 hours on 2 CPU cores (mnist_net costs about
-    # 3.3 ms of CPU per training image): 24,000 training images and 15,000 evaluated per cell.
-    "fashion-mnist": dict(
-        epochs=3,  # passes over the training subset; the last at lr * 0.2
-        train_size=8000,  # training images (a seeded subset of the 55,000 left after validation)
-        batch_size=FITNESS.batch_size,  # images per step: the paper's
-        lr=FITNESS.lr,  # Adam learning rate: the paper's
-        milestones=(2,),  # epochs after which lr *= gamma (0.2): the step settles the signs
-    ),
-    # The embedded 8x8 set: the smoke test's data (1,293 training images).
-    "digits": dict(epochs=30, train_size=None, batch_size=FITNESS.batch_size, lr=FITNESS.lr, milestones=(22,)),
-}
-PROTOCOLS["mnist"] = dict(PROTOCOLS["fashion-mnist"])
-SEEDS = (0, 1, 2)
-REAL_MEASURES = ("baseline", "M5", "M9")  # also trained with downsample=real
-# --smoke: a whole grid in seconds (4 cells of 3 steps), for tests and a first look.
-SMOKE = dict(dataset="digits", measures="baseline,M1", seeds="0,1", real_measures="none", epochs=1,
-             batch_size=512, milestones="")
+from .protocol import PROTOCOLS, REAL_MEASURES, SEEDS, SMOKE, protocol_text
 
 FINAL = ("ok", "diverged", "rejected")  # an "error" cell is trained again by a rerun
 # Fields of TrainConfig that vary per cell or only say where/how to run: not part of the protocol.
@@ -390,11 +369,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="how the measure runs in training (bnn.train --measure-impl): fused (a new grid's default) or "
                         "eager; a rerun without it continues with its journal's (eager for a journal written before "
                         "the option)")
-    p.add_argument("--epochs", type=positive_int, help="epochs per cell (default: the protocol's, see PROTOCOLS)")
-    p.add_argument("--train-size", type=nonnegative_int, help="training images per epoch; 0 = all (default: the protocol's)")
-    p.add_argument("--batch-size", type=positive_int)
-    p.add_argument("--lr", type=positive_float, help="Adam learning rate, a finite number > 0")
-    p.add_argument("--milestones", help="comma-separated epochs after which the lr is multiplied by gamma")
+    p.add_argument("--epochs", type=positive_int, help=f"epochs per cell (default: {protocol_text('epochs')})")
+    p.add_argument("--train-size", type=nonnegative_int,
+                   help=f"training images per epoch; 0 = all (default: {protocol_text('train_size')})")
+    p.add_argument("--batch-size", type=positive_int, help=f"images per step (default: {protocol_text('batch_size')})")
+    p.add_argument("--lr", type=positive_float, help=f"Adam learning rate, a finite number > 0 (default: {protocol_text('lr')})")
+    p.add_argument("--milestones", help=f"comma-separated epochs after which the lr is multiplied by {FITNESS.gamma:g} "
+                                        f"(default: {protocol_text('milestones')})")
     p.add_argument("--val-size", type=nonnegative_int,
                    help="validation images held out of the training set, 0..(training images - 1)")
     p.add_argument("--jobs", type=positive_int, default=1,

@@ -26,7 +26,7 @@ import os
 import sys
 from pathlib import Path
 
-from refimpl.cli import OneLineParser, one_line, positive_float, positive_int, seed_int
+from refimpl.cli import OneLineParser, fraction, one_line, positive_float, positive_int, seed_int
 from refimpl.fileio import read_regular
 
 from ..common.jsonl import append_line, cut_to, is_number
@@ -271,13 +271,15 @@ def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m bnn.search.calibrate", description=__doc__.split("\n\n")[0])
     p.add_argument("--full", required=True, metavar="ROOT", help="an evidence grid of the full recipe (bnn.evidence --root)")
     p.add_argument("--rungs", required=True, help="the ladder whose rungs are the designs, E:N[:K],... as bnn.search takes it")
-    p.add_argument("--promote", type=positive_float, default=1 / 3, help="the ladder's fraction promoted (default 1/3)")
+    p.add_argument("--promote", type=fraction, default=1 / 3, help="the ladder's fraction promoted, in (0, 1] (default 1/3)")
     p.add_argument("--dataset", default="fashion-mnist", help="the data set (default fashion-mnist)")
     p.add_argument("--model", help="the network (default: the data set's)")
     p.add_argument("--data-dir", help="folder with the data set's files (default: $BNN_DATA_DIR or ./data)")
     p.add_argument("--train-seed", type=seed_int, default=100, help="the first rung seed (default 100, as the first search)")
-    p.add_argument("--batch-size", type=positive_int, default=FITNESS.batch_size)
-    p.add_argument("--lr", type=positive_float, default=FITNESS.lr)
+    p.add_argument("--batch-size", type=positive_int, default=FITNESS.batch_size,
+                   help=f"images per step of every rung (default {FITNESS.batch_size}, as bnn.search)")
+    p.add_argument("--lr", type=positive_float, default=FITNESS.lr,
+                   help=f"Adam learning rate of every rung (default {FITNESS.lr:g}, as bnn.search)")
     p.add_argument("--measure-impl", default="eager", choices=MEASURE_IMPLS,
                    help="the measure path (default eager; triton on CUDA: the Triton kernels, each step one CUDA graph)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
@@ -300,8 +302,6 @@ def main(argv=None) -> int:
 
         device = str(resolve_device(args.device, args.dataset))  # no CUDA here: one line, before anything is written
         rungs = parse_rungs(args.rungs)
-        if args.promote > 1:
-            raise CostError(f"--promote must be a fraction in (0, 1], got {args.promote:g}")
         cells = [{"genome": r["genome"], "counts": r.get("counts", "raw"), "test_mean": r["test_mean"],
                   "measure": r.get("measure")} for r in grid_rows(args.full) if isinstance(r.get("genome"), str)]
         if len(cells) < 3:

@@ -9,7 +9,16 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from refimpl.cli import OneLineParser, nonnegative_int, one_line, positive_float, positive_int, refuse_with, seed_int
+from refimpl.cli import (
+    OneLineParser,
+    fraction,
+    nonnegative_int,
+    one_line,
+    positive_float,
+    positive_int,
+    refuse_with,
+    seed_int,
+)
 from refimpl.conventions import NAMES as COUNT_CONVENTIONS
 from refimpl.datasets import DATASETS, canonical_name, dataset_arg
 
@@ -74,13 +83,6 @@ def _rungs(text):
         return parse_rungs(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--rungs: ")) from None
-
-
-def _fraction(text):
-    v = positive_float(text)
-    if v > 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
-    return v
 
 
 def _preset_limit(key: str) -> str:
@@ -166,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--paired", action="store_true", default=None,
                    help="score = validation accuracy minus XNOR's on the same seed, images and epochs (XNOR trained "
                         "once per rung and seed)")
-    f.add_argument("--promote", type=_fraction, help="fraction of each rung promoted to the next, in (0, 1] (default 1/3)")
+    f.add_argument("--promote", type=fraction, help="fraction of each rung promoted to the next, in (0, 1] (default 1/3)")
     g.add_argument("--no-cache", action="store_true", help="train genomes seen before again")
     g.add_argument("--no-equivalence", action="store_true", help="do not reuse fitness of functionally equal measures")
     g.add_argument("--no-screening", action="store_true", help="train constant and mostly non-finite measures too")
