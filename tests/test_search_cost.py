@@ -65,6 +65,8 @@ def test_cost_counts_each_way_an_evaluation_was_answered(tmp_path):
     (["{d}/nothing"], "no such file"),
     (["{d}", "--screen", "{d}"], "--full"),
     (["{d}", "--score"], "--full"),
+    ([], "RUN_DIR"),  # argparse's own refusals are one line too, without the usage block
+    (["{d}", "--bogus"], "--bogus"),
 ])
 def test_refused_inputs_are_one_line(tmp_path, argv, words):
     _journal(tmp_path, [])

@@ -24,7 +24,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from refimpl.cli import one_line
+from refimpl.cli import OneLineParser, one_line
 from refimpl.conventions import NAMES as COUNT_CONVENTIONS
 from refimpl.fileio import OutputError, read_regular
 from refimpl.genome import Genome
@@ -349,8 +349,8 @@ def rank_summary(title: str, pairs: list[dict], rho) -> dict:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bnn.search.cost", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="python -m bnn.search.cost", description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a search's folder (its journal.jsonl)")
     p.add_argument("--full", metavar="ROOT", help="an evidence grid (bnn.evidence --root) of the longer recipe")
     p.add_argument("--screen", metavar="ROOT", help="an evidence grid of a shorter protocol, ranked against --full")
