@@ -125,3 +125,24 @@ def test_a_cell_trained_on_a_gpu_is_of_the_gpus_kind_not_the_hosts_cpu():
     other_host = cpu_kind({**gpu, "cpu": "AMD EPYC 7B13", "kernel_path": "avx2"})
     assert report.same_kind({"cpu_kind": cpu_kind(gpu)}, {"cpu_kind": other_host})
     assert not report.same_kind({"cpu_kind": cpu_kind(gpu)}, {"cpu_kind": cpu_kind(cpu)})
+
+
+def test_the_plot_draws_the_family_wise_interval_the_verdict_reads():
+    # The plot's whiskers in points: the 95% interval, and with --family the wider interval of the verdict.
+    rng = np.random.default_rng(9)
+    x, y = rng.normal(0.88, 0.004, 12), rng.normal(0.878, 0.004, 12)
+    entries = [_cell("baseline", s, float(v), XEON) for s, v in enumerate(y)]
+    entries += [_cell("M1", s, float(v), XEON) for s, v in enumerate(x)]
+    d = 100 * (x - y)
+    want = [("95%", *scipy_stats.t.interval(0.95, 11, loc=d.mean(), scale=scipy_stats.sem(d))),
+            ("family-wise", *scipy_stats.t.interval(1 - 0.05 / 2, 11, loc=d.mean(), scale=scipy_stats.sem(d)))]
+    got = evidence.report.difference_bars(_rows(entries, 2)["M1"])
+    assert [b[0] for b in got] == ["95%", "family-wise"]
+    for (kind, mean, lo, hi), (_, wlo, whi) in zip(got, want):
+        assert (mean, lo, hi) == (pytest.approx(d.mean(), abs=1e-9), pytest.approx(wlo, abs=1e-9),
+                                  pytest.approx(whi, abs=1e-9)), kind
+    assert [b[0] for b in evidence.report.difference_bars(_rows(entries)["M1"])] == ["95%"]
+    assert evidence.report.difference_bars(_rows(entries, 2)["baseline"]) == []
+    pytest.importorskip("matplotlib")
+    png = evidence.report.plot_png(list(_rows(entries, 2).values()), "digits")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"

@@ -190,10 +190,23 @@ def _series(row: dict) -> str:
     return f"downsample {row['downsample']}, {row.get('counts', RAW)} counts"
 
 
+def difference_bars(row: dict) -> list[tuple[str, float, float, float]]:
+    """The whiskers of a row's paired difference to XNOR, in points, as ``(kind, mean, lo, hi)``:
+    the 95% interval, and where the verdict reads a family-wise one (``--family`` > 1) that one too,
+    so that the plot shows the interval the verdict rests on."""
+    bars = []
+    for kind, key in (("95%", "vs_baseline"), ("family-wise", "vs_baseline_family")):
+        d = row.get(key)
+        if d and d.get("lo") is not None:
+            bars.append((kind, 100 * d["mean"], 100 * d["lo"], 100 * d["hi"]))
+    return bars
+
+
 def plot_png(rows: list[dict], title: str) -> bytes:
     """Two panels, one series per downsampling kind and count convention: the mean test accuracy per
     measure with std error bars, and its paired difference to XNOR with the 95% interval (the
-    verdict: an interval wholly above the zero line beats XNOR)."""
+    verdict: an interval wholly above the zero line beats XNOR) and, for a family of comparisons,
+    the wider family-wise interval the verdict is read from, in a lighter line with wide caps."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -213,13 +226,14 @@ def plot_png(rows: list[dict], title: str) -> bytes:
             if r["diverged"]:
                 ax.annotate(f"{r['diverged']} div.", (x, 0.02), xycoords=("data", "axes fraction"),
                             ha="center", fontsize=7, color=f"C{k}")
-            d = r.get("vs_baseline")
-            if d and d.get("lo") is not None:
-                m = 100 * d["mean"]
-                dx.errorbar(x, m, yerr=[[m - 100 * d["lo"]], [100 * d["hi"] - m]], fmt="o", capsize=3,
-                            color=f"C{k}")
-                dx.annotate(f"n={d['n']}", (x, 100 * d["hi"]), textcoords="offset points", xytext=(0, 3),
-                            ha="center", fontsize=6, color=f"C{k}")
+            bars = difference_bars(r)
+            for kind_of_bar, m, lo, hi in reversed(bars):  # the wider one first, behind
+                family = kind_of_bar == "family-wise"
+                dx.errorbar(x, m, yerr=[[m - lo], [hi - m]], fmt="o", capsize=7 if family else 3,
+                            color=f"C{k}", alpha=0.4 if family else 1.0, lw=1.0 if family else 1.5)
+            if bars:
+                dx.annotate(f"n={r['vs_baseline']['n']}", (x, max(b[3] for b in bars)), textcoords="offset points",
+                            xytext=(0, 3), ha="center", fontsize=6, color=f"C{k}")
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), list(unique), loc="best", fontsize=8)
@@ -227,7 +241,9 @@ def plot_png(rows: list[dict], title: str) -> bytes:
     ax.set_title(title, fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     dx.axhline(0.0, color="k", lw=0.8)
-    dx.set_ylabel("vs XNOR, points (paired, 95% CI)")
+    family = max((r.get("vs_baseline_family") or {}).get("family", 1) for r in rows) if rows else 1
+    dx.set_ylabel("vs XNOR, points (paired, 95% CI" + (f";\nwide caps: family-wise 95%, {family} comparisons)"
+                                                        if family > 1 else ")"))
     dx.grid(axis="y", alpha=0.3)
     dx.set_xticks(range(len(measures)), measures, rotation=30 if max(map(len, measures)) > 8 else 0, ha="right"
                   if max(map(len, measures)) > 8 else "center", fontsize=8)
