@@ -151,6 +151,20 @@ def test_rerun_trains_only_the_cells_not_yet_finished(tmp_path, fake_train, caps
     assert m1["per_seed"] == {"0": 0.6, "1": 0.61} and m1["vs_baseline"]["mean"] == pytest.approx(0.1)
 
 
+def test_the_time_left_is_the_median_ok_cell_times_the_rounds_left():
+    from bnn.evidence.grid import eta_text
+
+    done = {f"k{i}": {"status": "ok", "wall_s": w} for i, w in enumerate([1100.0, 1300.0, 900.0, 1200.0])}
+    done["div"] = {"status": "diverged", "wall_s": 60.0}  # a short divergence is not a cell's time
+    median = float(np.median([1100.0, 1300.0, 900.0, 1200.0]))  # 1150
+    # 7 cells left, 2 at a time: 4 rounds of 1150 s = 4600 s = 1 h 17 min
+    assert median * 4 == 4600.0
+    assert eta_text(done, 7, 2) == "; about 1 h 17 min left at the median 1,150 s of 4 finished cells, 2 at a time"
+    assert eta_text(done, 1, 1) == "; about 19.2 min left at the median 1,150 s of 4 finished cells, 1 at a time"
+    assert eta_text(done, 0, 2) == "" and eta_text({"div": done["div"]}, 7, 2) == ""
+    assert eta_text({"k": {"status": "ok", "wall_s": 20.0}}, 2, 1) == "; about 40 s left at the median 20 s of 1 finished cell, 1 at a time"
+
+
 def test_every_cell_gets_the_protocol_and_its_own_measure_and_seed(tmp_path, fake_train, capsys):
     args = _grid(tmp_path, "--measures", "M9", "--seeds", "3", "--batch-size", "64", "--lr", "0.002",
                  "--milestones", "5,7", "--real-measures", "baseline")

@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -247,6 +248,18 @@ def _cell_line(i: int, n: int, row: dict) -> str:
             f"{row['wall_s']:.0f} s{tail}")
 
 
+def eta_text(done: dict[str, dict], left: int, jobs: int) -> str:
+    """"; about 3 h 10 min left at ..." from the median wall time of the root's cells that finished ok
+    ('' before the first): what a long grid has ahead of it, before its progress bar has a rate."""
+    seconds = [r["wall_s"] for r in done.values() if r.get("status") == "ok" and r.get("wall_s")]
+    if not seconds or left <= 0:
+        return ""
+    median = statistics.median(seconds)
+    total = median * -(-left // jobs)  # rounds of `jobs` cells
+    return (f"; about {f'{total:.0f} s' if total < 60 else report.duration(total)} left at the median "
+            f"{median:,.0f} s of {len(seconds)} finished cell{'s' if len(seconds) > 1 else ''}, {jobs} at a time")
+
+
 def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bool = True, log=print,
              jobs: int = 1, family: int = 1) -> dict:
     """Train the cells not yet in the journal (``jobs`` at a time), then write the report; returns
@@ -264,7 +277,8 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
         else:
             check_protocol(saved, protocol, root)
         todo = [c for c in cells if done.get(c["key"], {}).get("status") not in FINAL]
-        log(f"{root}: {len(cells) - len(todo)} of {len(cells)} cells already finished, {len(todo)} to train")
+        log(f"{root}: {len(cells) - len(todo)} of {len(cells)} cells already finished, {len(todo)} to train"
+            + eta_text(done, len(todo), min(jobs, len(todo))))
         from ..train import host as machine
         from ..train import resolve_device
 
@@ -288,7 +302,7 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
                 bar.write(_cell_line(i, len(todo), row), file=sys.stderr)  # above the bar, never on stdout
                 bar.update(1)
             else:
-                log(_cell_line(i, len(todo), row))
+                log(_cell_line(i, len(todo), row) + eta_text(done, len(todo) - i, jobs))
         if bar is not None:
             bar.close()
         results = build_results(saved or protocol, done, device, time.perf_counter() - t0, family)

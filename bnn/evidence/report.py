@@ -120,7 +120,8 @@ def _pp(v) -> str:
     return "-" if v is None else f"{100 * v:+.2f}"
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """'2 h 05 min', or '3.5 min' under an hour."""
     m = round(seconds / 60)
     return f"{m // 60} h {m % 60:02d} min" if m >= 60 else f"{seconds / 60:.1f} min"
 
@@ -151,8 +152,8 @@ def markdown(results: dict) -> str:
         "",
         f"Protocol: {protocol_sentence(p)}",
         "",
-        (f"Host: {hosts}. Wall time: {_duration(wall['cells'])} of training over {results['cells_done']} cells "
-         f"({_duration(wall['this_run'])} in the last run)."),
+        (f"Host: {hosts}. Wall time: {duration(wall['cells'])} of training over {results['cells_done']} cells "
+         f"({duration(wall['this_run'])} in the last run)."),
         "",
         ("Test accuracy in percent: mean and sample std over the seeds that finished \"ok\"; diverged "
          "runs are counted, not averaged. Counts: the count convention (docs/design.md section 2). The "
