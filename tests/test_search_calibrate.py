@@ -231,3 +231,14 @@ def test_the_command_prints_its_decision(tmp_path, grid):
     else:
         assert "the search's default becomes " + out["decision"]["reason"] in line
         assert "Search with it: python -m bnn.search " + " ".join(out["decision"]["search_flags"]) in r.stdout
+
+
+def test_a_measure_whose_every_cell_diverged_is_named_as_left_out_of_the_ranking(tmp_path, grid):
+    data = json.loads((grid / "results.json").read_text())
+    data["rows"].append({"measure": "M6", "genome": "3-0-3-0-0-10-6", "counts": "freq", "n_ok": 0, "test_mean": None})
+    (grid / "results.json").write_text(json.dumps(data))
+    r = calibrate(*_args(grid, tmp_path / "cal"))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["unranked"] == ["M6 freq"] and len(out["cells"]) == 6  # ranked over the six that trained
+    assert "Left out of the ranking (every full-recipe cell diverged: no test accuracy): M6 freq." in r.stdout

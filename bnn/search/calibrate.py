@@ -302,8 +302,9 @@ def main(argv=None) -> int:
 
         device = str(resolve_device(args.device, args.dataset))  # no CUDA here: one line, before anything is written
         rungs = parse_rungs(args.rungs)
+        unranked: list[str] = []
         cells = [{"genome": r["genome"], "counts": r.get("counts", "raw"), "test_mean": r["test_mean"],
-                  "measure": r.get("measure")} for r in grid_rows(args.full) if isinstance(r.get("genome"), str)]
+                  "measure": r.get("measure")} for r in grid_rows(args.full, unranked) if isinstance(r.get("genome"), str)]
         if len(cells) < 3:
             raise CostError(f"{args.full}: {len(cells)} cells with results; a rank correlation needs at least 3")
         settings = {"dataset": args.dataset, "model": args.model or DEFAULT_MODEL.get(args.dataset, "mnist_net"),
@@ -323,13 +324,16 @@ def main(argv=None) -> int:
         return 130
     decision = decide(rows)
     print(markdown(rows, cells, clock), end="")
+    if unranked:
+        print(f"\nLeft out of the ranking (every full-recipe cell diverged: no test accuracy): {', '.join(unranked)}.")
     print("\nDecision (docs/evidence.md section 5): "
           + (f"the search's default becomes {decision['reason']}" if decision["design"] else
              f"Algorithm 1's fitness stays the default; {decision['reason']}"))
     if decision["design"]:  # the design as the search runs it, so the second search cannot mistype it
         print("Search with it: python -m bnn.search " + " ".join(decision["search_flags"]))
     if args.json:
-        print(json.dumps({"cells": cells, "designs": rows, "clock": clock, "decision": decision}, allow_nan=False))
+        print(json.dumps({"cells": cells, "unranked": unranked, "designs": rows, "clock": clock, "decision": decision},
+                         allow_nan=False))
     return 0
 
 

@@ -217,9 +217,10 @@ def _extra_fitness(records: dict[str, dict]) -> dict[str, float]:
     return {k: float(r["fitness"]) for k, r in records.items() if r.get("fitness") is not None}
 
 
-def grid_rows(root: str) -> list[dict]:
+def grid_rows(root: str, unranked: list[str] | None = None) -> list[dict]:
     """The rows of an evidence grid's results.json that trained at least once, each checked
-    (genome, counts, n_ok, test_mean), genomes canonical."""
+    (genome, counts, n_ok, test_mean), genomes canonical; ``unranked`` (if given) gets the label of
+    each row left out because none of its cells finished ok (all diverged: no accuracy to rank)."""
     path = Path(root) / "results.json"
     try:
         data = json.loads(read_regular(path))
@@ -238,7 +239,9 @@ def grid_rows(root: str) -> list[dict]:
         elif not isinstance(r.get("n_ok"), int) or isinstance(r.get("n_ok"), bool) or r["n_ok"] < 0:
             bad = f"has n_ok {_show(r.get('n_ok'))}, not a count of runs"
         elif r["n_ok"] == 0:
-            continue  # never trained: nothing to rank
+            if unranked is not None:
+                unranked.append(_label(r))
+            continue  # no cell finished ok: nothing to rank
         elif _genome(r.get("genome")) is None:
             bad = f"has genome {_show(r.get('genome'))}, not a genome"
         elif r.get("counts", "raw") not in COUNT_CONVENTIONS:
