@@ -29,6 +29,9 @@ FLAG_SPAN = re.compile(r"`(--[a-z][\w-]*)[ =]([^`\s]+)`")
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$|^[a-z]$|\.\.\.|[{}\[\]<>]")
 
 
+_PARSE = argparse.ArgumentParser.parse_args  # the real one, called by the patched one
+
+
 class _Parsed(Exception):
     pass
 
@@ -44,9 +47,6 @@ def _refuse(message):
 def _stop_after_parsing(self, args=None, namespace=None):
     self.error = _refuse  # on the instance: a command's own parser class may override error too
     raise _Parsed(_PARSE(self, args, namespace))
-
-
-_PARSE = argparse.ArgumentParser.parse_args
 
 
 def _parse(command: str, argv: list[str]) -> str | None:

@@ -277,8 +277,9 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
         else:
             check_protocol(saved, protocol, root)
         todo = [c for c in cells if done.get(c["key"], {}).get("status") not in FINAL]
+        jobs = min(jobs, len(todo))
         log(f"{root}: {len(cells) - len(todo)} of {len(cells)} cells already finished, {len(todo)} to train"
-            + eta_text(done, len(todo), min(jobs, len(todo))))
+            + eta_text(done, len(todo), jobs))
         from ..train import host as machine
         from ..train import resolve_device
 
@@ -289,7 +290,6 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
         info = machine.host_info(device)
         host, kind = machine.host_label(info), machine.cpu_kind(info)
         bar = _bar(len(todo), progress)
-        jobs = min(jobs, len(todo))
         # A CPU training's bits depend on its thread count too (not part of the kind, which old journals lack).
         threads = _worker_threads(jobs) if jobs > 1 else info["torch_threads"]
         rows = _results_in_parallel(base, todo, configs, jobs) if jobs > 1 else _results_in_order(base, todo, configs)
