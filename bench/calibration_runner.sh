@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The CPU calibration of docs/evidence.md section 5, continued session after session on whatever
+# machine a session is given (its processes end with the session and its disk may be a new one):
+#   start   on a CPU kind that has an experiment (below): a frozen worktree of the plan's commit, the
+#           experiment's committed state restored under RUNS, then `bench/gpu_calibration.sh --cpu`
+#           started niced in its own autogroup (nice 19), detached; it refuses to start twice
+#   status  the cells journaled and in progress, the runner's process and its autogroup's nice
+#   pause   SIGSTOP to the runner's process group (before a timed benchmark or CI run); cont: SIGCONT
+#   save    the root's journals, reports and logs (not its checkpoints or lock) into
+#           docs/evidence-runs/NAME of this checkout, to commit at the session's end
+# Experiments, one per CPU kind (a kind's cells never pair with another's; evidence.md section 5):
+#   'AMD EPYC; torch AVX2; refimpl avx2'                                -> calibration-cpu
+#   'Intel(R) Xeon(R) Processor; torch AVX512; refimpl avx512-vpopcntdq' -> calibration-cpu-xeon
+# Needs Fashion-MNIST's IDX files (Debian: apt-get install dataset-fashion-mnist) and this checkout's
+# .venv. RUNS (default /work/runs) and FROZEN (default /work/frozen-cal) are outside the checkout.
+set -u
+MAIN=$(cd "$(dirname "$0")/.." && pwd)
+RUNS=${RUNS:-/work/runs}
+FROZEN=${FROZEN:-/work/frozen-cal}
+PLAN_COMMIT=67335a9  # the tree every cell of both CPU experiments trained with
+PY=${PYTHON:-$MAIN/.venv/bin/python}
+DATA=${BNN_DATA_DIR:-/usr/share/datasets/fashion-mnist}
+
+kind=$(cd "$MAIN" && "$PY" -c 'from bnn.train.host import cpu_kind, host_info; print(cpu_kind(host_info("cpu")))') || exit 2
+case "$kind" in
+  "AMD EPYC; torch AVX2; refimpl avx2") name=calibration-cpu ;;
+  "Intel(R) Xeon(R) Processor; torch AVX512; refimpl avx512-vpopcntdq") name=calibration-cpu-xeon ;;
+  *) name= ;;
+esac
+root=$RUNS/$name
+pidfile=$RUNS/$name.pid
+running() { [ -n "$name" ] && [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
+need_kind() {
+  [ -n "$name" ] && return
+  echo "error: no calibration runs on this CPU kind ($kind); docs/evidence.md section 5 names the kinds" >&2
+  exit 2
+}
+
+case "${1:-}" in
+  start)
+    need_kind
+    if running; then echo "already running (pid $(cat "$pidfile")), root $root"; exit 0; fi
+    if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ] && [ ! -f "$DATA/train-images-idx3-ubyte" ]; then
+      echo "error: no Fashion-MNIST in $DATA; apt-get install dataset-fashion-mnist, or set BNN_DATA_DIR" >&2
+      exit 2
+    fi
+    if [ ! -d "$FROZEN" ]; then
+      git -C "$MAIN" worktree prune
+      git -C "$MAIN" worktree add --detach "$FROZEN" "$PLAN_COMMIT" > /dev/null || exit 2
+    fi
+    [ "$(git -C "$FROZEN" rev-parse --short=7 HEAD)" = "$PLAN_COMMIT" ] \
+      || { echo "error: $FROZEN is not at $PLAN_COMMIT; remove it or set FROZEN" >&2; exit 2; }
+    mkdir -p "$FROZEN/data" "$root" && ln -sfn "$DATA" "$FROZEN/data/fashion-mnist"
+    saved=$MAIN/docs/evidence-runs/$name
+    if [ ! -f "$root/full/journal.jsonl" ] && [ -f "$saved/full/journal.jsonl" ]; then
+      cp -r "$saved/." "$root/" && echo "restored the committed state of $saved"
+    fi
+    # Its own session (setsid) and autogroup at nice 19: a suite or benchmark beside it keeps its cores.
+    setsid nohup bash -c 'echo 19 > /proc/self/autogroup; cd "$1" || exit 2
+      PYTHONPATH="$1" PYTHON="$2" CAL_ROOT="$3" OMP_WAIT_POLICY=PASSIVE exec nice -n 19 bash bench/gpu_calibration.sh --cpu' \
+      runner "$FROZEN" "$PY" "$root" >> "$RUNS/$name.log" 2>&1 < /dev/null &
+    echo $! > "$pidfile"
+    echo "started (pid $!, $kind), root $root, log $RUNS/$name.log"
+    ;;
+  status)
+    need_kind
+    echo "kind: $kind -> $name"
+    if running; then
+      pid=$(cat "$pidfile")
+      echo "runner: pid $pid, state $(ps -o stat= -p "$pid"), autogroup: $(cat "/proc/$pid/autogroup")"
+    else
+      echo "runner: not running"
+    fi
+    if [ -f "$root/full/journal.jsonl" ]; then
+      "$PY" - "$root/full/journal.jsonl" <<'EOF'
+import json, sys
+rows = []
+for line in open(sys.argv[1]):
+    try:
+        rows.append(json.loads(line))
+    except ValueError:
+        pass
+cells = [r for r in rows if "key" in r]
+print(f"{len(cells)} of 96 cells journaled: " + ", ".join(sorted({r['measure'] + '/' + r['counts'] for r in cells})))
+EOF
+      ls "$root/full/cells" 2>/dev/null | sed 's/^/in progress: /'
+    fi
+    ;;
+  pause|cont)
+    need_kind
+    running || { echo "runner: not running"; exit 0; }
+    sig=STOP; [ "$1" = cont ] && sig=CONT
+    kill -"$sig" -- -"$(cat "$pidfile")" && echo "runner: SIG$sig sent"
+    ;;
+  save)
+    need_kind
+    [ -f "$root/full/journal.jsonl" ] || { echo "error: nothing to save under $root" >&2; exit 2; }
+    mkdir -p "$MAIN/docs/evidence-runs/$name"
+    tar -C "$root" --exclude=lock --exclude=cells --exclude='*.pt' -cf - . \
+      | tar -C "$MAIN/docs/evidence-runs/$name" -xf - && echo "saved $root into docs/evidence-runs/$name"
+    ;;
+  *)
+    sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"
+    [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || exit 2
+    ;;
+esac
