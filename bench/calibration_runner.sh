@@ -5,7 +5,8 @@
 #           experiment's committed state restored under RUNS, then `bench/gpu_calibration.sh --cpu`
 #           started niced in its own autogroup (nice 19), detached; it refuses to start twice
 #   status  the cells journaled and in progress, the runner's process and its autogroup's nice
-#   pause   SIGSTOP to the runner's process group (before a timed benchmark or CI run); cont: SIGCONT
+#   pause   SIGSTOP to every process of the runner's session (before a timed benchmark or CI run; its
+#           steps run under `timeout`, which gives each its own process group); cont: SIGCONT
 #   save    the root's journals, reports and logs (not its checkpoints or lock) into
 #           docs/evidence-runs/NAME of this checkout, to commit at the session's end
 # Experiments, one per CPU kind (a kind's cells never pair with another's; evidence.md section 5):
@@ -90,7 +91,7 @@ EOF
     need_kind
     running || { echo "runner: not running"; exit 0; }
     sig=STOP; [ "$1" = cont ] && sig=CONT
-    kill -"$sig" -- -"$(cat "$pidfile")" && echo "runner: SIG$sig sent"
+    pkill -"$sig" -s "$(cat "$pidfile")" && echo "runner: SIG$sig sent to session $(cat "$pidfile")"
     ;;
   save)
     need_kind
