@@ -50,6 +50,24 @@ def test_a_crafted_first_line_is_one_error_line(tmp_path, journal, message, caps
     assert sorted(os.listdir(tmp_path / "ev")) == ["journal.jsonl", "lock"]
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"milestones": [float("inf")]}, "milestones is [inf]"),  # found by the fuzz test below: results.json held Infinity
+    ({"milestones": [0]}, "milestones are [0]"), ({"milestones": ["2"]}, "milestones are ['2']"),
+    ({"measure_grad_clip": float("nan")}, "measure_grad_clip holds NaN or infinity"),
+    ({"step": {"x": [float("-inf")]}}, "step holds NaN or infinity"), ({"lr": float("nan")}, "lr is nan"),
+])
+def test_a_protocol_with_a_non_finite_or_bad_value_is_one_error_line_and_no_report(tmp_path, change, message,
+                                                                                   capsys):
+    root = tmp_path / "ev"
+    root.mkdir()
+    line = {"kind": "protocol", "version": 1, "protocol": {**PROTOCOL, **change}}
+    (root / "journal.jsonl").write_text(json.dumps(line) + "\n" + json.dumps(CELL) + "\n")
+    assert evidence.main(["--dataset", "digits", "--root", str(root), "--table-only", "--no-plot"]) == 2
+    err = _one_error_line(capsys.readouterr().err)
+    assert "line 1 has a protocol whose" in err and message in err, err
+    assert not (root / "results.json").exists()
+
+
 @pytest.mark.parametrize("change", [{"test_acc": "0.5"}, {"test_acc": None}, {"test_acc": float("nan")},
                                     {"val_acc": float("inf")}, {"seed": "0"}, {"measure": None}])
 def test_a_cell_with_a_wrong_value_is_one_error_line_and_no_report(tmp_path, change, capsys):
