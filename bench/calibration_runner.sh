@@ -10,8 +10,8 @@
 #   save    the root's journals, reports and logs (not its checkpoints or lock) into
 #           docs/evidence-runs/NAME of this checkout, to commit at the session's end
 # Experiments, one per CPU kind (a kind's cells never pair with another's; evidence.md section 5):
-#   'AMD EPYC; torch AVX2; refimpl avx2'                                -> calibration-cpu
-#   'Intel(R) Xeon(R) Processor; torch AVX512; refimpl avx512-vpopcntdq' -> calibration-cpu-xeon
+#   'AMD EPYC; torch AVX2; refimpl avx2', LLVM's znver3                            -> calibration-cpu
+#   'Intel(R) Xeon(R) Processor; torch AVX512; refimpl avx512-vpopcntdq', emeraldrapids -> calibration-cpu-xeon
 # Needs Fashion-MNIST's IDX files (Debian: apt-get install dataset-fashion-mnist) and this checkout's
 # .venv. RUNS (default /work/runs) and FROZEN (default /work/frozen-cal) are outside the checkout.
 set -u
@@ -22,10 +22,14 @@ PLAN_COMMIT=67335a9  # the tree every cell of both CPU experiments trained with
 PY=${PYTHON:-$MAIN/.venv/bin/python}
 DATA=${BNN_DATA_DIR:-/usr/share/datasets/fashion-mnist}
 
-kind=$(cd "$MAIN" && "$PY" -c 'from bnn.train.host import cpu_kind, host_info; print(cpu_kind(host_info("cpu")))') || exit 2
+# The grid's kind, and LLVM's name of the core: Xeons of two generations share the first (the
+# development host's `rocketlake`, this experiment's `emeraldrapids`), and torch may block its
+# kernels differently on each.
+kind=$(cd "$MAIN" && "$PY" -c 'from bnn.train.host import cpu_kind, host_info; print(cpu_kind(host_info("cpu")))
+import llvmlite.binding as b; print(b.get_host_cpu_name())' | paste -sd '|') || exit 2
 case "$kind" in
-  "AMD EPYC; torch AVX2; refimpl avx2") name=calibration-cpu ;;
-  "Intel(R) Xeon(R) Processor; torch AVX512; refimpl avx512-vpopcntdq") name=calibration-cpu-xeon ;;
+  "AMD EPYC; torch AVX2; refimpl avx2|znver3") name=calibration-cpu ;;
+  "Intel(R) Xeon(R) Processor; torch AVX512; refimpl avx512-vpopcntdq|emeraldrapids") name=calibration-cpu-xeon ;;
   *) name= ;;
 esac
 root=$RUNS/$name
