@@ -149,6 +149,20 @@ def test_a_checkpoint_whose_config_and_model_config_disagree_on_counts_is_refuse
     assert not (tmp_path / "m.bnn").exists()
 
 
+@pytest.mark.parametrize("raw", [b"\x80\x43junkjunk", b"\x80\x05K\x07."])  # a pickle protocol torch warns of; a bare int
+def test_a_crafted_checkpoint_is_one_error_and_no_torch_warning(tmp_path, raw):
+    import warnings
+
+    from bnn.train import load_checkpoint
+
+    (tmp_path / "c.pt").write_bytes(raw)
+    with warnings.catch_warnings(record=True) as seen, pytest.raises(ValueError) as exc:
+        warnings.simplefilter("always")
+        load_checkpoint(str(tmp_path / "c.pt"))
+    assert "c.pt is not a" in str(exc.value) and "\n" not in str(exc.value)
+    assert [str(w.message) for w in seen] == []  # it printed above bnn.export's one line
+
+
 def test_a_checkpoint_whose_two_records_agree_still_loads(tmp_path):
     from bnn.train import load_checkpoint
 

@@ -7,6 +7,7 @@ import math
 import os
 import random
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -84,7 +85,9 @@ def load_checkpoint(path: str, resumable: bool = True) -> dict:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path!r}")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a crafted file's torch warnings would print above the one error line
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for a truncated or foreign file
         raise ValueError(f"{path} is not a readable checkpoint ({type(exc).__name__}: {exc})".splitlines()[0]) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != "bnn-train-checkpoint":
