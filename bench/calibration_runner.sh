@@ -2,13 +2,16 @@
 # The CPU calibration of docs/evidence.md section 5, continued session after session on whatever
 # machine a session is given (its processes end with the session and its disk may be a new one):
 #   start   on a CPU kind that has an experiment (below): a frozen worktree of the plan's commit, the
-#           experiment's committed state restored under RUNS, then `bench/gpu_calibration.sh --cpu`
-#           started niced in its own autogroup (nice 19), detached; it refuses to start twice
+#           experiment's committed state restored under RUNS, then, niced in its own autogroup (nice 19)
+#           and detached, `bench/gpu_calibration.sh --cpu` and, once it has decided, unless another
+#           experiment's committed state holds a decision already (the first to decide decides),
+#           `bench/second_search.sh` on the same root; it refuses to start twice. `start --smoke`:
+#           the same chain in the smoke modes on digits (about 3 minutes), on any CPU
 #   status  the cells journaled and in progress, the runner's process and its autogroup's nice
 #   pause   SIGSTOP to every process of the runner's session (before a timed benchmark or CI run; its
 #           steps run under `timeout`, which gives each its own process group); cont: SIGCONT
-#   save    the root's journals, reports and logs (not its checkpoints or lock) into
-#           docs/evidence-runs/NAME of this checkout, to commit at the session's end
+#   save    the root's journals, reports and logs, and the second search's folder (not checkpoints or
+#           locks), into docs/evidence-runs/NAME and search2-NAME of this checkout, to commit
 # Experiments, one per CPU kind (a kind's cells never pair with another's; evidence.md section 5):
 #   'AMD EPYC; torch AVX2; refimpl avx2', LLVM's znver3                            -> calibration-cpu
 #   'Intel(R) Xeon(R) Processor; torch AVX512; refimpl avx512-vpopcntdq', emeraldrapids -> calibration-cpu-xeon
@@ -32,7 +35,12 @@ case "$kind" in
   "Intel(R) Xeon(R) Processor; torch AVX512; refimpl avx512-vpopcntdq|emeraldrapids") name=calibration-cpu-xeon ;;
   *) name= ;;
 esac
+cal_mode=--cpu s2_mode=
+if [ "${1:-}" = start ] && [ "${2:-}" = --smoke ]; then
+  name=calibration-smoke cal_mode=--cpu-smoke s2_mode=--smoke
+fi
 root=$RUNS/$name
+search=$RUNS/search2-$name
 pidfile=$RUNS/$name.pid
 running() { [ -n "$name" ] && [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 need_kind() {
@@ -45,7 +53,7 @@ case "${1:-}" in
   start)
     need_kind
     if running; then echo "already running (pid $(cat "$pidfile")), root $root"; exit 0; fi
-    if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ] && [ ! -f "$DATA/train-images-idx3-ubyte" ]; then
+    if [ -z "$s2_mode" ] && [ ! -f "$DATA/train-images-idx3-ubyte.gz" ] && [ ! -f "$DATA/train-images-idx3-ubyte" ]; then
       echo "error: no Fashion-MNIST in $DATA; apt-get install dataset-fashion-mnist, or set BNN_DATA_DIR" >&2
       exit 2
     fi
@@ -57,15 +65,32 @@ case "${1:-}" in
       || { echo "error: $FROZEN is not at $PLAN_COMMIT; remove it or set FROZEN" >&2; exit 2; }
     mkdir -p "$FROZEN/data" "$root" && ln -sfn "$DATA" "$FROZEN/data/fashion-mnist"
     saved=$MAIN/docs/evidence-runs/$name
-    if [ ! -f "$root/full/journal.jsonl" ] && [ -f "$saved/full/journal.jsonl" ]; then
+    if [ -z "$s2_mode" ] && [ ! -f "$root/full/journal.jsonl" ] && [ -f "$saved/full/journal.jsonl" ]; then
       cp -r "$saved/." "$root/" && echo "restored the committed state of $saved"
     fi
+    if [ -z "$s2_mode" ] && [ ! -d "$search" ] && [ -d "$MAIN/docs/evidence-runs/search2-$name" ]; then
+      cp -r "$MAIN/docs/evidence-runs/search2-$name" "$search" && echo "restored the second search's state"
+    fi
     # Its own session (setsid) and autogroup at nice 19: a suite or benchmark beside it keeps its cores.
-    setsid nohup bash -c 'echo 19 > /proc/self/autogroup; cd "$1" || exit 2
-      PYTHONPATH="$1" PYTHON="$2" CAL_ROOT="$3" OMP_WAIT_POLICY=PASSIVE exec nice -n 19 bash bench/gpu_calibration.sh --cpu' \
-      runner "$FROZEN" "$PY" "$root" >> "$RUNS/$name.log" 2>&1 < /dev/null &
+    CAL_MODE=$cal_mode S2_MODE=$s2_mode setsid nohup bash "$0" chain "$name" >> "$RUNS/$name.log" 2>&1 < /dev/null &
     echo $! > "$pidfile"
     echo "started (pid $!, $kind), root $root, log $RUNS/$name.log"
+    ;;
+  chain)  # started by `start` in its own session: the calibration, then the second search where it decides
+    name=$2 root=$RUNS/$2 search=$RUNS/search2-$2
+    echo 19 > /proc/self/autogroup
+    cd "$FROZEN" || exit 2
+    export PYTHONPATH=$FROZEN PYTHON=$PY CAL_ROOT=$root SEARCH_DIR=$search OMP_WAIT_POLICY=PASSIVE OUT=$RUNS/out-$name
+    nice -n 19 bash bench/gpu_calibration.sh "$CAL_MODE" || exit $?
+    first=$(for f in "$MAIN"/docs/evidence-runs/calibration-*/logs/calibrate.out; do
+      case "$f" in */"$name"/*) continue ;; esac
+      grep -q '"decision"' "$f" 2>/dev/null && basename "$(dirname "$(dirname "$f")")"
+    done | head -1)
+    if [ -n "$first" ]; then
+      echo "$first decided first (its committed calibrate.out): no second search on $name (evidence.md section 5)"
+      exit 0
+    fi
+    nice -n 19 bash bench/second_search.sh $S2_MODE
     ;;
   status)
     need_kind
@@ -103,6 +128,11 @@ EOF
     mkdir -p "$MAIN/docs/evidence-runs/$name"
     tar -C "$root" --exclude=lock --exclude=cells --exclude='*.pt' -cf - . \
       | tar -C "$MAIN/docs/evidence-runs/$name" -xf - && echo "saved $root into docs/evidence-runs/$name"
+    if [ -d "$search" ]; then
+      mkdir -p "$MAIN/docs/evidence-runs/search2-$name"
+      tar -C "$search" --exclude=lock --exclude='*.pt' -cf - . \
+        | tar -C "$MAIN/docs/evidence-runs/search2-$name" -xf - && echo "saved $search into docs/evidence-runs/search2-$name"
+    fi
     ;;
   *)
     sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"
