@@ -1,23 +1,13 @@
 """bench/core_scaling.py: each kind of work timed alone and one copy per process at once, and their ratio."""
-import importlib.util
 import re
 import uuid
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "core_scaling.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("core_scaling_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from _bench_script import load
 
 
 def test_each_work_is_timed_alone_and_together_and_the_ratio_is_theirs(capsys, tmp_path):
-    m = _module()
+    m = load("core_scaling")
     marks = tmp_path / "runs"
     marks.mkdir()
 
@@ -38,7 +28,7 @@ def test_each_work_is_timed_alone_and_together_and_the_ratio_is_theirs(capsys, t
 
 def test_a_bad_count_is_one_line(capsys):
     with pytest.raises(SystemExit) as exc:
-        _module().main(["--reps", "0"])
+        load("core_scaling").main(["--reps", "0"])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert re.fullmatch(r"error: argument --reps: expected a positive integer, got '0'", err), err

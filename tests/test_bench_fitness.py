@@ -1,6 +1,5 @@
 """bench/bench_fitness.py (issue 16 item 5): its CPU smoke mode reports every number, consistently, and bad
 flags are one line with exit status 2."""
-import importlib.util
 import json
 import math
 import subprocess
@@ -9,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _bench_script import load
 from _cli import run_main
 
 from refimpl.genome import Genome
@@ -18,10 +18,7 @@ SCRIPT = ROOT / "bench" / "bench_fitness.py"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_fitness_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("bench_fitness")
 
 
 @pytest.fixture(scope="module")

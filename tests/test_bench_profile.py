@@ -1,25 +1,18 @@
 """bench/profile_step.py and bench/tune_gpu_measure.py (issue 37): the profile's plumbing on a CPU, and the
 tile sweep's refusals where it cannot run."""
-import importlib.util
 import os
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from _bench_script import load as _load
 from _cli import run_main
 
 if not torch.cuda.is_available():
     # Before anything imports bnn.gpu: its kernels read this once, and a worker's later Triton tests need it.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_cpu_profile_reports_each_network_and_the_profilers_own_operators():

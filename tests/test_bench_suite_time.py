@@ -1,18 +1,6 @@
 """bench/suite_time.py: pytest's --durations lines summed per test and per file."""
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "suite_time.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("suite_time_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from _bench_script import load
 
 LINES = """============================= slowest durations ==============================
 130.10s setup    tests/test_a.py::test_one
@@ -25,7 +13,7 @@ LINES = """============================= slowest durations =====================
 
 
 def test_a_tests_phases_are_summed_and_files_ranked():
-    m = _module()
+    m = load("suite_time")
     tests = m.durations(LINES)
     assert tests == [(pytest.approx(133.85), "tests/test_a.py::test_one"), (7.0, "verify/test_b.py::test_two[x-float32]"),
                      (0.75, "tests/test_a.py::test_three")]
@@ -33,9 +21,7 @@ def test_a_tests_phases_are_summed_and_files_ranked():
 
 
 def test_compile_log_counts_outermost_compiles_once_and_processes_per_kernel(tmp_path):
-    spec = importlib.util.spec_from_file_location("compile_log_under_test", SCRIPT.parent / "compile_log.py")
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
+    m = load("compile_log")
     log = tmp_path / "log.jsonl"
     log.write_text('{"pid": 1, "kernel": "k.tile", "args": "", "s": 2.0, "depth": 1}\n'
                    '{"pid": 1, "kernel": "k.outer", "args": "", "s": 5.0, "depth": 0}\n'
@@ -47,9 +33,7 @@ def test_compile_log_counts_outermost_compiles_once_and_processes_per_kernel(tmp
 
 
 def test_compile_log_sums_each_tests_outermost_compiles(tmp_path):
-    spec = importlib.util.spec_from_file_location("compile_log_under_test", SCRIPT.parent / "compile_log.py")
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
+    m = load("compile_log")
     records = [{"pid": 1, "kernel": "k.tile", "s": 2.0, "depth": 1, "test": "t.py::a"},
                {"pid": 1, "kernel": "k.outer", "s": 5.0, "depth": 0, "test": "t.py::a"},
                {"pid": 2, "kernel": "k.outer", "s": 4.0, "depth": 0, "test": "t.py::b"},
