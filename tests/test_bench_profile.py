@@ -2,7 +2,6 @@
 tile sweep's refusals where it cannot run."""
 import os
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +11,6 @@ from _cli import run_main
 if not torch.cuda.is_available():
     # Before anything imports bnn.gpu: its kernels read this once, and a worker's later Triton tests need it.
     os.environ.setdefault("TRITON_INTERPRET", "1")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_cpu_profile_reports_each_network_and_the_profilers_own_operators():
