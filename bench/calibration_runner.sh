@@ -17,7 +17,15 @@
 #   'Intel(R) Xeon(R) Processor; torch AVX512; refimpl avx512-vpopcntdq', emeraldrapids -> calibration-cpu-xeon
 # Needs Fashion-MNIST's IDX files (Debian: apt-get install dataset-fashion-mnist) and this checkout's
 # .venv. RUNS (default /work/runs) and FROZEN (default /work/frozen-cal) are outside the checkout.
+#
+#   bash bench/calibration_runner.sh start      # at a session's start (and `save` then a commit at its end)
+#   bash bench/calibration_runner.sh status
 set -u
+case "${1:-}" in
+  -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;  # the header above, without its #
+  start|status|pause|cont|save|chain) ;;
+  *) echo "error: unknown command '${1:-}'; give start, status, pause, cont or save" >&2; exit 2 ;;
+esac
 MAIN=$(cd "$(dirname "$0")/.." && pwd)
 RUNS=${RUNS:-/work/runs}
 FROZEN=${FROZEN:-/work/frozen-cal}
@@ -133,9 +141,5 @@ EOF
       tar -C "$search" --exclude=lock --exclude='*.pt' -cf - . \
         | tar -C "$MAIN/docs/evidence-runs/search2-$name" -xf - && echo "saved $search into docs/evidence-runs/search2-$name"
     fi
-    ;;
-  *)
-    sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"
-    [ "${1:-}" = -h ] || [ "${1:-}" = --help ] || exit 2
     ;;
 esac

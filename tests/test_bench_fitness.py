@@ -126,6 +126,7 @@ def test_the_gpu_session_script_refuses_an_unknown_option(tmp_path):
     ("gpu_session.sh", "bash bench/gpu_session.sh --cpu-smoke"),
     ("gpu_calibration.sh", "bash bench/gpu_calibration.sh --cpu-smoke"),
     ("second_search.sh", "bash bench/second_search.sh --smoke"),
+    ("calibration_runner.sh", "bash bench/calibration_runner.sh start"),
 ])
 def test_each_session_script_prints_its_header_as_help(tmp_path, script, usage):
     r = subprocess.run(["bash", str(ROOT / "bench" / script), "--help"], capture_output=True, text=True, timeout=60,
@@ -135,6 +136,42 @@ def test_each_session_script_prints_its_header_as_help(tmp_path, script, usage):
     assert any(line.lstrip().startswith(usage) for line in lines), r.stdout
     assert not any(line.startswith("#") or line.startswith("set ") for line in lines)  # the header, and only it
     assert list(tmp_path.iterdir()) == []
+
+def _runner(tmp_path, *args, kind="Some CPU; torch AVX2; refimpl avx2\nznver4"):
+    # A stand-in python that prints the CPU kind and LLVM's name, as the script's own probe does.
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nprintf '{kind}\\n'\n")
+    fake.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "RUNS": str(tmp_path / "runs"),
+           "FROZEN": str(tmp_path / "frozen")}
+    return subprocess.run(["bash", str(ROOT / "bench" / "calibration_runner.sh"), *args], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bogus"], "error: unknown command 'bogus'; give start, status, pause, cont or save"),
+    ([], "error: unknown command ''; give start, status, pause, cont or save"),
+    (["start"], "error: no calibration runs on this CPU kind (Some CPU; torch AVX2; refimpl avx2|znver4); "
+                "docs/evidence.md section 5 names the kinds"),
+    (["save"], "error: no calibration runs on this CPU kind (Some CPU; torch AVX2; refimpl avx2|znver4); "
+               "docs/evidence.md section 5 names the kinds"),
+])
+def test_the_calibration_runner_refuses_a_command_or_a_cpu_kind_it_has_no_experiment_for(tmp_path, args, message):
+    r = _runner(tmp_path, *args)
+    assert r.returncode == 2 and r.stderr.strip() == message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["python"]  # nothing written, no worktree
+
+
+def test_the_calibration_runner_maps_each_kind_to_its_own_experiment(tmp_path):
+    xeon = "Intel(R) Xeon(R) Processor; torch AVX512; refimpl avx512-vpopcntdq"
+    for kind, name in ((f"{xeon}\nemeraldrapids", "calibration-cpu-xeon"),
+                       ("AMD EPYC; torch AVX2; refimpl avx2\nznver3", "calibration-cpu")):
+        r = _runner(tmp_path, "status", kind=kind)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines()[:2] == [f"kind: {kind.replace(chr(10), '|')} -> {name}", "runner: not running"]
+    # The development host's Xeon has the same kind string and another core: not this experiment's kind.
+    assert _runner(tmp_path, "status", kind=f"{xeon}\nrocketlake").returncode == 2
+
 
 @pytest.mark.parametrize("args, env, message", [
     (["--bogus"], {}, "error: unknown option '--bogus'; give --cpu, --cpu-smoke or nothing"),
