@@ -8,11 +8,10 @@ limit in one line, at load for one image and at run for a batch; a MemoryError a
 plan, measured, never the estimate itself."""
 from __future__ import annotations
 
-import tracemalloc
-
 import numpy as np
 import pytest
 from _cli import run_main
+from _memory import peak_bytes_while
 from _tiny_bnn import model_bytes, tiny_model
 
 from refimpl import engine
@@ -52,16 +51,6 @@ def _wide_window_model(counts="freq", genome="M1", channels=4096, side=64, pad=6
     return meta, tensors
 
 
-def _peak(fn) -> int:
-    tracemalloc.start()
-    try:
-        fn()
-    finally:
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-    return peak
-
-
 def test_a_2mb_file_asking_for_158_gib_of_tables_is_refused_at_load_in_one_line(tmp_path):
     path = tmp_path / "wide.bnn"
     path.write_bytes(model_bytes(*_wide_window_model()))
@@ -73,7 +62,7 @@ def test_a_2mb_file_asking_for_158_gib_of_tables_is_refused_at_load_in_one_line(
             engine.load(str(path))
         holder["msg"] = str(info.value)
 
-    peak = _peak(load)
+    peak = peak_bytes_while(load)
     msg = holder["msg"]
     assert msg.startswith(str(path)) and "\n" not in msg and budget.MEMORY_ENV in msg, msg
     # 1,263 rows x (2**24 + 1) float32 per table, two cube tables (a**3, b**3): 157.9 GiB, and buffers.
@@ -128,7 +117,7 @@ def test_the_counted_bytes_bound_what_a_plan_allocates(tmp_path, make, n_img):
 
     build_plan(model, n_img)  # tables are cached per module: measure a second build too, below
     model._epilogue.__dict__.pop("_TABLES", None)
-    peak = _peak(lambda: build_plan(model, n_img))
+    peak = peak_bytes_while(lambda: build_plan(model, n_img))
     counted = budget.plan_bytes(model, n_img)
     assert peak <= counted, f"the plan allocated {peak} bytes, {counted} were counted"
 

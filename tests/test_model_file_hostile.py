@@ -15,12 +15,12 @@ import copy
 import os
 import stat
 import threading
-import tracemalloc
 
 import numba
 import numpy as np
 import pytest
 from _cli import run_main
+from _memory import peak_bytes_while
 from _tiny_bnn import join, model_bytes, split, tiny_model
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -171,22 +171,12 @@ def test_header_nested_too_deep_is_refused(tmp_path):
 # Sizes: read no more than the header says, and not what is not a regular file
 
 
-def _peak_bytes_while(fn) -> int:
-    tracemalloc.start()
-    try:
-        fn()
-    finally:
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-    return peak
-
-
 def test_oversize_header_length_is_refused_unread(tmp_path):
     path = tmp_path / "bad.bnn"
     with open(path, "wb") as f:
         f.write((200 << 20).to_bytes(8, "little"))
         f.truncate(8 + (200 << 20) + 8)  # sparse: a 200 MB header of zeros, costs no disk
-    peak = _peak_bytes_while(lambda: _refused(path, "header"))
+    peak = peak_bytes_while(lambda: _refused(path, "header"))
     assert peak < 8 << 20, f"{peak} bytes allocated to refuse the file"
 
 
@@ -196,7 +186,7 @@ def test_bytes_past_the_tensor_data_are_refused_unread(tmp_path):
     with open(path, "wb") as f:
         f.write(raw)
         f.truncate(len(raw) + (200 << 20))  # sparse trailing zeros
-    peak = _peak_bytes_while(lambda: _refused(path))
+    peak = peak_bytes_while(lambda: _refused(path))
     assert peak < 8 << 20, f"{peak} bytes allocated to refuse the file"
 
 
