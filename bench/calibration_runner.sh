@@ -118,7 +118,7 @@ for line in open(sys.argv[1]):
         rows.append(json.loads(line))
     except ValueError:
         pass
-cells = [r for r in rows if "key" in r]
+cells = {r["key"]: r for r in rows if isinstance(r, dict) and "key" in r}.values()  # the last line of a key wins
 print(f"{len(cells)} of 96 cells journaled: " + ", ".join(sorted({r['measure'] + '/' + r['counts'] for r in cells})))
 EOF
       ls "$root/full/cells" 2>/dev/null | sed 's/^/in progress: /'

@@ -33,8 +33,8 @@ def _python_loop() -> None:
         total += i * i % 7
 
 
-def _numpy_stream(buf=None) -> None:
-    a = np.ones(_BIG) if buf is None else buf
+def _numpy_stream() -> None:
+    a = np.ones(_BIG)
     for _ in range(100):
         a *= 1.0000001  # read and write the whole array
 

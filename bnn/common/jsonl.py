@@ -22,6 +22,15 @@ def is_accuracy(v) -> bool:
     return is_number(v) and 0 <= v <= 1
 
 
+def all_finite(v) -> bool:
+    """No NaN or infinity anywhere in a JSON value (what strict JSON cannot hold)."""
+    if isinstance(v, float):
+        return math.isfinite(v)
+    if isinstance(v, (list, tuple, dict)):
+        return all(map(all_finite, v.values() if isinstance(v, dict) else v))
+    return True
+
+
 def _finite(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None  # strict JSON, as results.json is: no bare NaN or Infinity

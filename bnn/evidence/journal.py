@@ -10,7 +10,6 @@ through a symbolic link.
 from __future__ import annotations
 
 import json
-import math
 import os
 
 from refimpl.conventions import DEFAULT as RAW
@@ -19,7 +18,7 @@ from refimpl.engine.format import DOWNSAMPLE_KINDS as DOWNSAMPLES
 from refimpl.fileio import atomic_write_bytes, read_regular
 from refimpl.genome import Genome
 
-from ..common.jsonl import cut_to, is_accuracy, is_number, json_line
+from ..common.jsonl import all_finite, cut_to, is_accuracy, is_number, json_line
 
 STATUSES = ("ok", "diverged", "rejected", "error")
 # What the report formats from a protocol line, and the type each must have (None: the default).
@@ -83,27 +82,18 @@ def _identity_problem(row: dict) -> str | None:
     return None
 
 
-def _finite(v) -> bool:
-    """No NaN or infinity anywhere in a JSON value: the report copies the protocol into strict JSON."""
-    if isinstance(v, float):
-        return math.isfinite(v)
-    if isinstance(v, (list, dict)):
-        return all(map(_finite, v.values() if isinstance(v, dict) else v))
-    return True
-
-
 def protocol_problem(p) -> str | None:
     """What makes ``p`` not a protocol the report can print, or None."""
     if not isinstance(p, dict):
         return "has no protocol object"
     for key, types in _PROTOCOL_TYPES.items():
         v = p.get(key, 0.2 if key == "gamma" else None)  # an absent gamma is printed as its default
-        if not isinstance(v, types) or isinstance(v, bool) or not _finite(v):
+        if not isinstance(v, types) or isinstance(v, bool) or not all_finite(v):
             return f"has a protocol whose {key} is {str(v)[:40]}"
     milestones = p.get("milestones") or []
     if not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in milestones):
         return f"has a protocol whose milestones are {str(milestones)[:40]}, not epochs 1, 2, ..."
-    bad = next((k for k, v in p.items() if not _finite(v)), None)
+    bad = next((k for k, v in p.items() if not all_finite(v)), None)  # the report copies it into strict JSON
     if bad is not None:
         return f"has a protocol whose {str(bad)[:40]} holds NaN or infinity"
     return None
