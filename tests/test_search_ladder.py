@@ -260,3 +260,24 @@ def test_the_progress_line_shows_how_many_candidates_each_rung_scored(tmp_path):
     search.run()
     ends = [e["rung"] for e in _journal(tmp_path / "run") if e["type"] == "result" and e["source"] == "ladder"]
     assert search.ladder.progress() == f"{sum(x >= 0 for x in ends)}/{sum(x >= 1 for x in ends)}"
+
+
+def test_the_progress_line_and_summary_show_the_best_as_the_leaderboard_reads_it(tmp_path):
+    # The GA sorts by rung + (1 + score) / 2; a user reads the score vs XNOR and the rung, as the leaderboard prints.
+    from bnn.search.loop import Search, SearchConfig
+
+    cfg = SearchConfig(fitness="synthetic:5", population=4, rungs=parse_rungs("1:100,2:200"), paired=True,
+                       max_evaluations=10)
+    search = Search(cfg, tmp_path / "run", progress=False)
+    search.start_new()
+    search.run()
+    top = search.leaderboard()[0]
+    assert top["fitness"] > 1  # the sort key, not a score a user could read
+    assert search.best_text() == f"{top['score']:+.4f} at rung {top['rung']}"
+    best = search.summary()["best"]
+    assert (best["rung"], best["score"], best["genome"]) == (top["rung"], top["score"], top["genome"])
+    plain = Search(SearchConfig(fitness="synthetic:5", population=4, max_evaluations=6), tmp_path / "plain",
+                   progress=False)
+    plain.start_new()
+    plain.run()
+    assert plain.best_text() == f"{plain.leaderboard()[0]['fitness']:.4f}" and "rung" not in plain.summary()["best"]

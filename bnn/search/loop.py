@@ -389,14 +389,24 @@ class Search:
         if self._bar is None:
             return
         s = self.summary_counts()
-        members = self.ga.members()
         # Postfix before update(): update() redraws, and must show the new counts.
         extra = {} if self.ladder is None else {"rungs": self.ladder.progress()}
-        self._bar.set_postfix(best=f"{members[0].fitness:.4f}" if members else "-", trained=s["trainings"],
+        self._bar.set_postfix(best=self.best_text(), trained=s["trainings"],
                               rejected=s["rejected"], cached=s["saved_by_cache"] + s["saved_by_equivalence"],
                               screened=s["saved_by_screening"], **extra, refresh=e is None)
         if e is not None:
             self._bar.update(1)
+
+    def best_text(self) -> str:
+        """The best member's value as the leaderboard reads it: the fitness, or on a ladder its score
+        (vs XNOR when paired) at the rung it reached; the GA's rung-first sort key means nothing to a user."""
+        members = self.ga.members()
+        if not members:
+            return "-"
+        e = self.results.get(members[0].seq, {})
+        if self.ladder is None or not isinstance(e.get("score"), (int, float)):
+            return f"{members[0].fitness:.4f}"
+        return f"{e['score']:{'+' if self.cfg.paired else ''}.4f} at rung {e.get('rung')}"
 
     # -- summary -----------------------------------------------------------------------------------
     def summary_counts(self) -> dict:
@@ -434,7 +444,8 @@ class Search:
         board = self.leaderboard()
         best = None
         if board:
-            best = {k: board[0][k] for k in ("genome", "name", "formula", "fitness", "epochs")}
+            best = {k: board[0][k] for k in ("genome", "name", "formula", "fitness", "epochs", "rung", "score")
+                    if k in board[0]}  # rung and score: a ladder's, as its leaderboard shows them
         evals = len(self.results)
         wall = time.time() - self.t_start
         # This process's evaluations only (a resumed run replays the rest); includes one-time
