@@ -281,3 +281,22 @@ def test_the_progress_line_and_summary_show_the_best_as_the_leaderboard_reads_it
     plain.start_new()
     plain.run()
     assert plain.best_text() == f"{plain.leaderboard()[0]['fitness']:.4f}" and "rung" not in plain.summary()["best"]
+
+
+def test_the_plot_draws_every_source_a_ladder_search_journals_and_labels_its_fitness(tmp_path):
+    from bnn.search.loop import Search, SearchConfig
+    from bnn.search.report import SOURCE_STYLES, fitness_label
+
+    labels = {}
+    for name, extra in (("plain", {}), ("ladder", {"rungs": parse_rungs("1:100,2:200")}),
+                        ("paired", {"rungs": parse_rungs("1:100,2:200"), "paired": True})):
+        search = Search(SearchConfig(fitness="synthetic:5", population=4, max_evaluations=8, **extra),
+                        tmp_path / name, progress=False)
+        search.start_new()
+        search.run()
+        sources = {e["source"] for e in _journal(tmp_path / name) if e["type"] == "result"}
+        assert sources and sources <= set(SOURCE_STYLES), sources - set(SOURCE_STYLES)
+        labels[name] = fitness_label(search)
+    assert labels == {"plain": "fitness (validation accuracy)",
+                      "ladder": "fitness: rung reached + validation accuracy",
+                      "paired": "fitness: rung reached + (1 + validation accuracy vs XNOR) / 2"}

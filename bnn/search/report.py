@@ -63,6 +63,21 @@ def _config(search: Search) -> dict:
     return asdict(search.cfg)
 
 
+# Each evaluation's source (the journal's "source") as the plot draws it; one without a style would go unplotted.
+SOURCE_STYLES = {"train": ("tab:blue", "o", "trained"), "cache": ("tab:gray", "x", "cache"),
+                 "reuse": ("tab:gray", "+", "reuse"), "equivalent": ("tab:green", "x", "equivalent"),
+                 "screened": ("tab:red", "v", "screened"), "ladder": ("tab:blue", "o", "ladder")}
+
+
+def fitness_label(search: Search) -> str:
+    """What the plot's fitness is: on a ladder the GA's sort key, the rung reached and then its score."""
+    if search.ladder is None:
+        return "fitness (validation accuracy)"
+    if search.cfg.paired:
+        return "fitness: rung reached + (1 + validation accuracy vs XNOR) / 2"
+    return "fitness: rung reached + validation accuracy"
+
+
 def write_plot(search: Search) -> str:
     """RUN_DIR/search.png, or a note saying why there is none."""
     try:
@@ -74,10 +89,7 @@ def write_plot(search: Search) -> str:
         return "no search.png: matplotlib is not installed (pip install 'bnn-measure-search[plot]')"
     evs = [search.results[k] for k in sorted(search.results, key=lambda k: search.results[k].get("time", 0))]
     fig, ax = plt.subplots(figsize=(9, 5), dpi=110)
-    styles = {"train": ("tab:blue", "o", "trained"), "cache": ("tab:gray", "x", "cache"),
-              "reuse": ("tab:gray", "+", "reuse"), "equivalent": ("tab:green", "x", "equivalent"),
-              "screened": ("tab:red", "v", "screened")}
-    for source, (color, marker, label) in styles.items():
+    for source, (color, marker, label) in SOURCE_STYLES.items():
         pts = [(i + 1, e["fitness"]) for i, e in enumerate(evs) if e.get("source") == source]
         if pts:
             x, y = zip(*pts)
@@ -87,7 +99,9 @@ def write_plot(search: Search) -> str:
         ax.plot(n, best, color="black", lw=1.5, label="population best")
         ax.plot(n, med, color="tab:orange", lw=1.5, label="population median")
     ax.set_xlabel("evaluation (completion order)")
-    ax.set_ylabel("fitness (validation accuracy)")
+    ax.set_ylabel(fitness_label(search))
+    for r in range(1, len(search.cfg.rungs or [])):  # a ladder's fitness is the rung reached first
+        ax.axhline(r, color="gray", lw=0.8, ls=":")
     what = (f"{search.cfg.model} ({search.cfg.downsample} downsampling, {search.cfg.counts} counts) on {search.cfg.dataset}"
             if search.cfg.fitness == "train"
             else f"synthetic fitness ({search.cfg.fitness})")
