@@ -59,6 +59,8 @@ def test_cost_counts_each_way_an_evaluation_was_answered(tmp_path):
     assert c["trained_by_status"]["ok"] == {"n": 3, "median_s": 30.0, "mean_s": 30.0, "total_s": 90.0}
     assert c["trained_by_status"]["rejected"]["n"] == 1
     assert c["wall_s"] == pytest.approx(101.0 + 60.0)  # two segments: 1000..1101 and 5000..5060
+    printed = cost_cli(tmp_path)[1]
+    assert "| ok | 3 | 30.0 | 30.0 | 1.5 |" in printed and "| rung |" not in printed
 
 
 @pytest.mark.parametrize("argv, words", [

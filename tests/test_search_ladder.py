@@ -245,6 +245,8 @@ def test_cost_counts_each_rungs_trainings_cache_answers_and_references(uninterru
         assert row["references"] == (2 if rung == 2 else 1)
         assert row["reached"] == sum(e["type"] == "result" and e["rung"] >= rung for e in events)
     assert c["cost"]["trainings"] == 45
+    printed = run_main(main, uninterrupted).stdout  # the per-rung table, not Algorithm 1's table left empty
+    assert "| rung | trained |" in printed and "trained, outcome" not in printed
 
 
 def test_the_progress_line_shows_how_many_candidates_each_rung_scored(tmp_path):

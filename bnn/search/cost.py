@@ -318,9 +318,10 @@ def markdown(c: dict, ranks: list[tuple[str, list[dict], float | None]]) -> str:
              f"({_s(c['evaluations_per_hour'])} evaluations an hour)", "",
              "| answered by | evaluations |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in sorted(c["by_source"].items(), key=lambda kv: -kv[1])]
-    lines += ["", "| trained, outcome | n | median s | mean s | total min |", "|---|---|---|---|---|"]
-    lines += [f"| {k} | {o['n']} | {_s(o['median_s'])} | {_s(o['mean_s'])} | {_s(o['total_s'] / 60)} |"
-              for k, o in c["trained_by_status"].items()]
+    if c["trained_by_status"]:  # Algorithm 1's trainings; a ladder's are per rung, below
+        lines += ["", "| trained, outcome | n | median s | mean s | total min |", "|---|---|---|---|---|"]
+        lines += [f"| {k} | {o['n']} | {_s(o['median_s'])} | {_s(o['mean_s'])} | {_s(o['total_s'] / 60)} |"
+                  for k, o in c["trained_by_status"].items()]
     if c.get("cost_per_candidate"):
         k = c["cost_per_candidate"]
         lines += ["", f"Training per candidate: {_s(k['training_s'])} s, {_s(k['fraction_of_full'], 3)} of a full-recipe "
