@@ -146,3 +146,29 @@ def test_the_plot_draws_the_family_wise_interval_the_verdict_reads():
     pytest.importorskip("matplotlib")
     png = evidence.report.plot_png(list(_rows(entries, 2).values()), "digits")
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_grid_without_xnor_on_raw_counts_says_how_to_add_it():
+    entries = [_cell("M1", 0, 0.90, XEON), _cell("M1", 1, 0.91, XEON)]
+    results = {"protocol": {"dataset": "digits", "model": "digits_net", "epochs": 1, "batch_size": 8, "lr": 0.1},
+               "wall_s": {"cells": 1.0, "this_run": 1.0}, "cells_done": 2, "cells_ran_on": ["h"], "host": {},
+               "rows": list(_rows(entries).values())}
+    assert results["rows"][0]["verdict"] == "no baseline"
+    text = evidence.report.markdown(results)
+    assert "No XNOR cells (baseline on raw counts) with binary downsampling in this root" in text
+    assert "--counts raw --measures baseline" in text
+    results["rows"] = list(_rows(entries + [_cell("baseline", 0, 0.8, XEON)]).values())
+    assert "No XNOR cells" not in evidence.report.markdown(results)
+
+
+@pytest.mark.parametrize("epochs, milestones, said", [
+    (1, [22], "after epochs: 22 (none within the 1 epoch)."),
+    (6, [6], "after epochs: 6 (none within the 6 epochs)."),  # after the last epoch: never applied
+    (6, [4, 5], "after epochs: 4, 5."),
+    (6, [5, 9], "after epochs: 5, 9."),  # one applies
+    (6, [], "after epochs: none."),
+])
+def test_the_protocol_says_when_no_milestone_falls_within_the_epochs(epochs, milestones, said):
+    p = {"dataset": "digits", "model": "digits_net", "epochs": epochs, "batch_size": 8, "lr": 0.1,
+         "milestones": milestones}
+    assert said in evidence.report.protocol_sentence(p)

@@ -129,7 +129,10 @@ def duration(seconds: float) -> str:
 def protocol_sentence(p: dict) -> str:
     """The protocol ``p`` as the report's sentence."""
     train = "all training images" if p.get("train_size") is None else f"{p['train_size']:,} training images"
-    ms = ", ".join(str(m) for m in p.get("milestones") or []) or "none"
+    milestones = p.get("milestones") or []
+    ms = ", ".join(str(m) for m in milestones) or "none"
+    if milestones and all(m >= p["epochs"] for m in milestones):  # after the last epoch: never applied
+        ms += f" (none within the {p['epochs']} epoch{'s' if p['epochs'] != 1 else ''})"
     val = "the data set's default" if p.get("val_size") is None else f"{p['val_size']:,} images"
     epochs = f"{p['epochs']} epoch{'s' if p['epochs'] != 1 else ''}"
     return (f"{p['dataset']}, {p['model']}: {epochs} on {train} (validation: {val} "
@@ -180,6 +183,10 @@ def markdown(results: dict) -> str:
     if unpaired:
         lines += ["", "Not paired (the two arms trained on different kinds of CPU; rerun both on one kind): "
                   + "; ".join(unpaired) + "."]
+    missing = sorted({r["downsample"] for r in results["rows"] if r["verdict"] == "no baseline"})
+    if missing:
+        lines += ["", f"No XNOR cells (baseline on raw counts) with {' or '.join(missing)} downsampling in this root, so "
+                  "nothing is paired: add them with the same command and --root, with --counts raw --measures baseline."]
     other = [f"{r['measure']}/{r['downsample']}/{r.get('counts', RAW)}: {r['rejected']} rejected, {r['error']} errors"
              for r in results["rows"] if r["rejected"] or r["error"]]
     if other:
