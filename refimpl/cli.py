@@ -11,6 +11,7 @@ which names the option, the bad value and the valid range. Integers are ASCII di
 from __future__ import annotations
 
 import argparse
+import difflib
 import io
 import math
 import re
@@ -57,9 +58,21 @@ class OneLineParser(argparse.ArgumentParser):
         printable_streams()
 
     def error(self, message):
-        """Print ``error: MESSAGE`` as one line and refuse the command line (status 2), no usage text."""
-        print(f"error: {one_line(message)}", file=sys.stderr)
+        """Print ``error: MESSAGE`` as one line and refuse the command line (status 2), no usage text;
+        an unknown option gets the nearest known one (``--out-dir``: did you mean ``--out``?)."""
+        print(f"error: {one_line(message)}{self._suggestion(message)}", file=sys.stderr)
         raise _Refused(2)
+
+    def _suggestion(self, message) -> str:
+        prefix = "unrecognized arguments: "
+        if not str(message).startswith(prefix):
+            return ""
+        known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        near = []
+        for word in str(message)[len(prefix):].split():
+            if word.startswith("--") and (m := nearest_option(word.split("=", 1)[0], known)):
+                near.append(f"{m} for {word.split('=', 1)[0]}")
+        return f"; did you mean {', '.join(near)}? (--help lists every option)" if near else ""
 
     def parse(self, argv=None) -> tuple[argparse.Namespace | None, int]:
         """``(args, 0)``, or ``(None, 2)`` once the refusal's line is printed: a ``main(argv)``
@@ -79,6 +92,19 @@ class OneLineParser(argparse.ArgumentParser):
                                       for a in self._actions if a.dest != argparse.SUPPRESS})
         self.parse_args(argv, namespace=probe)
         return {k for k, v in vars(probe).items() if v is not _UNSET and v is not None}
+
+
+def nearest_option(word: str, known: list[str]) -> str | None:
+    """The known option a mistyped ``word`` most likely meant: itself with hyphens for underscores, the
+    longest known option it starts with (``--out-dir``: ``--out``), else the closest spelling, or None."""
+    dashed = "--" + word[2:].replace("_", "-")
+    if dashed in known:
+        return dashed
+    starts = [k for k in known if dashed.startswith(k + "-") or dashed.startswith(k) and len(k) > 3]
+    if starts:
+        return max(starts, key=len)
+    close = difflib.get_close_matches(dashed, known, 1, 0.75)
+    return close[0] if close else None
 
 
 def refuse_with(given: set[str], option: str, others, why: str) -> None:

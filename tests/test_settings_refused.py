@@ -11,7 +11,7 @@ from bnn import evidence, reproduce
 from bnn import train as bnn_train
 from bnn.search import cli as search_cli
 from refimpl import infer
-from refimpl.cli import fraction, parse_int, positive_float
+from refimpl.cli import fraction, nearest_option, parse_int, positive_float
 
 U64_MAX = "18446744073709551615"  # 2**64 - 1: past int64, which torch and NumPy seeds are
 DIGITS_TRAIN = 1437  # 1797 digits less the 360 of the test split (refimpl/datasets/digits.py)
@@ -69,6 +69,30 @@ def test_fraction_takes_the_docs_ratio_form_and_decimals():
     # The docs write --promote 1/3 (the default): it must be the same double as the default 1 / 3.
     assert fraction("1/3") == 1 / 3 and fraction(" 2/4 ") == 0.5 and fraction("0.25") == 0.25 and fraction("1") == 1.0
     assert search_cli.build_parser().parse_args(["--promote", "1/3"]).promote == 1 / 3
+
+
+@pytest.mark.parametrize("word, meant", [
+    ("--out-dir", "--out"),          # a known option with more after a hyphen
+    ("--seeds", "--seed"),           # a plural of a known option
+    ("--data_dir", "--data-dir"),    # underscores for hyphens
+    ("--coutns", "--counts"),        # a transposition
+    ("--zzz", None),                 # nothing near
+])
+def test_nearest_option_names_what_a_mistyped_option_meant(word, meant):
+    known = ["--out", "--overwrite", "--seed", "--data-dir", "--dataset", "--counts", "--help"]
+    assert nearest_option(word, known) == meant
+
+
+@pytest.mark.parametrize("main, argv, said", [
+    (bnn_train.main, ["--out-dir", "x"], "did you mean --out for --out-dir?"),
+    (search_cli.main, ["--run_dir", "x", "--populaton", "3"],
+     "did you mean --run-dir for --run_dir, --population for --populaton?"),
+    (evidence.main, ["--root-dir", "x"], "did you mean --root for --root-dir?"),
+])
+def test_an_unknown_option_is_refused_naming_the_one_meant(tmp_path, capsys, monkeypatch, main, argv, said):
+    monkeypatch.chdir(tmp_path)
+    assert said in _refused(main, argv, capsys, "unrecognized arguments")
+    assert list(tmp_path.iterdir()) == []  # nothing made
 
 
 # ---------------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ class CliError(Exception):
 
 class _Parser(OneLineParser):
     def error(self, message):  # one line, exit 2, as argparse does, but without the usage block
-        raise CliError(message)
+        raise CliError(f"{message}{self._suggestion(message)}")
 
 
 def _floats(text):
