@@ -107,6 +107,26 @@ def nearest_option(word: str, known: list[str]) -> str | None:
     return close[0] if close else None
 
 
+# The reference's commands as ``python -m refimpl`` lists them (``python -m bnn`` lists the first two too).
+COMMANDS = (
+    ("refimpl.infer", "run an exported .bnn model on a CPU (accuracy, images/s, latency), without PyTorch"),
+    ("refimpl.info", "the CPU, kernel path and versions, for bug reports"),
+    ("refimpl.codegen", "write the generated kernel files, or --check that they are fresh"),
+)
+
+
+def command_index(prog: str, title: str, commands, argv) -> int:
+    """``python -m PACKAGE``: its commands one line each (0), or one error line for anything else (2)."""
+    if argv and argv[0] not in ("-h", "--help"):
+        print(f"error: python -m {prog} takes no command of its own; run one of these: python -m {commands[0][0]} ...",
+              file=sys.stderr)
+        return 2
+    width = max(len(name) for name, _ in commands)
+    print(title)
+    print("\n".join(f"  {name:<{width}}  {what}" for name, what in commands))
+    return 0
+
+
 def refuse_with(given: set[str], option: str, others, why: str) -> None:
     """ValueError when ``option`` and any of ``others`` (argparse destinations) were both given."""
     clash = [o for o in others if o in given]

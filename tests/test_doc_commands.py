@@ -193,3 +193,20 @@ python -m bnn.export CHECKPOINT   # -o missing
     assert "bnn.search --promote 3/2" in problems[3] and "fraction" in problems[3]
     checked, problems = flag_problems(page, parsers)
     assert checked == 3 and [p.split("`")[1] for p in problems] == ["--promote 0"]
+
+
+def test_python_m_bnn_and_refimpl_list_every_documented_command_and_each_parses_help(capsys):
+    from bnn.__main__ import COMMANDS as BNN
+    from refimpl.cli import COMMANDS as REFIMPL
+    from refimpl.cli import command_index
+
+    assert {name for name, _ in BNN + REFIMPL} == set(MAINS)  # a new command is listed where users look
+    for name, _ in BNN + REFIMPL:
+        assert _parse(name, ["--help"]) is None, name
+    capsys.readouterr()  # the --help pages
+    assert command_index("bnn", "Commands:", BNN, []) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "Commands:" and [line.split()[0] for line in out[1:]] == [name for name, _ in BNN]
+    assert command_index("bnn", "Commands:", BNN, ["train"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "python -m bnn.train" in err[0]

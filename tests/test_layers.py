@@ -77,6 +77,7 @@ RANKS = [
     ("bnn.diagnose", "bnn.export", "bnn.reproduce"),
     ("bnn._moved",),  # the old import paths: names only, it imports none of them
     ("bnn",),
+    ("bnn.__main__",),  # python -m bnn: the index of every command
 ]
 RANK = {unit: r for r, units in enumerate(RANKS) for unit in units}
 
