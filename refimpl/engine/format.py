@@ -216,6 +216,7 @@ class Description:
     arch: str | None = None
     dataset: str | None = None
     source_sha256: str | None = None
+    shapes: list | None = None  # each layer's output (C, H, W), from the reader; not written
 
     def metadata(self) -> dict:
         """The file's JSON document (stored under the metadata key ``FORMAT``)."""

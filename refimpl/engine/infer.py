@@ -15,6 +15,8 @@ Inputs (one of):
 * ``--cifar DIR`` and ``--digits``: older spellings of ``--dataset cifar10|cifar100 --data-dir
   DIR`` (the archive matching the model's classes) and ``--dataset digits``.
 
+Or ``--summary``: the model's layers and what each costs (``summary.py``), without running it.
+
 Prints a summary; with ``--json`` the last stdout line is one JSON object with ``n``,
 ``accuracy`` (null without labels), ``images_per_s`` (the whole input at ``--batch``),
 ``latency_ms_batch1`` (median over single images) and the settings. ``--out preds.npy`` saves the
@@ -52,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="run the test split of this data set (the one bnn.train reports on)")
     src.add_argument("--cifar", metavar="DIR", help="same as --dataset cifar10|cifar100 --data-dir DIR")
     src.add_argument("--digits", action="store_true", help="same as --dataset digits")
+    src.add_argument("--summary", action="store_true",
+                     help="print the model's layers and what each costs (1-bit and 32-bit MACs, measure evaluations, "
+                          "parameter bytes) instead of running it")
     p.add_argument("--data-dir", metavar="DIR", help="folder holding the data set's files (default: $BNN_DATA_DIR or ./data)")
     p.add_argument("--download", action="store_true", help="with --dataset mnist|fashion-mnist: fetch missing files "
                                                             "(official mirrors, SHA-256 checked)")
@@ -226,11 +231,37 @@ def run(args) -> dict:
     }
 
 
+def describe_costs(args) -> dict:
+    """``--summary``: print the model's layers and costs (``summary.py``); the ``--json`` object."""
+    from . import summary
+    from .model_file import describe, read
+
+    given = [flag for flag, v in (("--out", args.out), ("--labels", args.labels), ("--normalized", args.normalized),
+                                  ("--data-dir", args.data_dir), ("--download", args.download)) if v]
+    if given:
+        raise ValueError(f"{given[0]} goes with running the model; --summary only reads the file")
+    d = describe(*read(args.model), args.model)
+    print(summary.text(d, f"{d.arch or 'model'} ({d.genome}, {d.downsample} downsampling, {d.counts} counts), input "
+                          f"{'x'.join(map(str, d.input_shape))}, {d.num_classes} classes: {args.model}"), end="")
+    table = summary.rows(d)
+    return {"model": args.model, "arch": d.arch, "genome": str(d.genome), "counts": d.counts,
+            "input_shape": list(d.input_shape), "layers": table, "totals": summary.totals(table)}
+
+
 def main(argv=None) -> int:
     """``python -m refimpl.infer``: 0, or 2 with one ``error:`` line for a refused input."""
     args, status = _parser().parse(argv)
     if args is None:
         return status
+    if args.summary:
+        try:
+            costs = describe_costs(args)
+        except (ValueError, OSError) as exc:
+            print(f"error: {one_line(exc)}", file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps(costs))
+        return 0
     try:
         summary = run(args)
     except (ValueError, FileNotFoundError, OSError) as exc:

@@ -368,8 +368,9 @@ LAYER_PARSERS = {
 }
 
 
-def _parse_layers(layers, chain: _Chain, where: str) -> list:
-    """The engine's layer list from the metadata's; ``chain`` starts at the input."""
+def _parse_layers(layers, chain: _Chain, where: str) -> tuple[list, list]:
+    """The engine's layer list from the metadata's, and each layer's output (C, H, W); ``chain``
+    starts at the input."""
     if not isinstance(layers, list) or not layers:
         raise ModelFileError(f"{where}: 'layers' must be a non-empty list")
     ops = []
@@ -384,7 +385,11 @@ def _parse_layers(layers, chain: _Chain, where: str) -> list:
     ends = ("stem", "global_avgpool", "linear")
     if len(ops) < 3 or ops[0] != "stem" or ops[-2:] != ["global_avgpool", "linear"] or set(ops[1:-2]) & set(ends):
         raise ModelFileError(f"{where}: layers must run stem ... global_avgpool, linear")
-    return [LAYER_PARSERS[op](idx, entry, chain, f"{where}: layer {idx}") for idx, (op, entry) in enumerate(zip(ops, layers))]
+    parsed, shapes = [], []
+    for idx, (op, entry) in enumerate(zip(ops, layers)):
+        parsed.append(LAYER_PARSERS[op](idx, entry, chain, f"{where}: layer {idx}"))
+        shapes.append((chain.c, chain.h, chain.w))  # the layer's output, as the kernels will make it
+    return parsed, shapes
 
 
 
@@ -403,13 +408,13 @@ def describe(meta: dict, tensors: dict, where: str) -> Description:
     downsample = _downsample_kind(meta, where)
     counts = _count_convention(meta, where)
     chain = _Chain(tensors, *input_shape, num_classes, downsample)
-    layers = _parse_layers(meta.get("layers"), chain, where)
+    layers, shapes = _parse_layers(meta.get("layers"), chain, where)
     unused = set(tensors) - chain.used
     if unused:
         raise ModelFileError(f"{where}: tensors not described by the metadata: {cut(', '.join(sorted(unused)), 200)}")
     return Description(genome, input_shape, num_classes, class_names, mean, std, pixel_max, downsample, layers,
                        counts=counts, arch=_optional_text(meta, "arch"), dataset=_optional_text(meta, "dataset"),
-                       source_sha256=_optional_text(meta, "source_sha256"))
+                       source_sha256=_optional_text(meta, "source_sha256"), shapes=shapes)
 
 
 def _optional_text(meta: dict, key: str) -> str | None:
