@@ -210,3 +210,33 @@ def test_python_m_bnn_and_refimpl_list_every_documented_command_and_each_parses_
     assert command_index("bnn", "Commands:", BNN, ["train"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and "python -m bnn.train" in err[0]
+
+
+@pytest.mark.parametrize("dataset, counts, downsample, commands", [
+    ("digits", "raw", "binary", ["bnn.evidence"]),
+    ("fashion-mnist", "laplace", "binary", ["bnn.evidence", "bnn.evidence"]),  # XNOR on raw counts, the finds on theirs
+    ("cifar10", "laplace", "binary", ["bnn.train", "bnn.train"]),  # no grid protocol for CIFAR
+    ("mnist", "raw", "real", ["bnn.train", "bnn.train"]),
+])
+def test_a_finished_search_prints_next_steps_that_parse(tmp_path, dataset, counts, downsample, commands):
+    from types import SimpleNamespace
+
+    from bnn.search.loop import SearchConfig
+    from bnn.search.report import next_steps
+
+    rows = [{"genome": "0-0-0-0-0-0-1", "name": "baseline"}] + [{"genome": g, "name": None} for g in
+                                                               ("16-4-4-12-10-4-2", "3-4-5-6-1-2-3", "1-1-1-1-1-1-1", "2-2-2-2-2-2-2")]
+    cfg = SearchConfig(dataset=dataset, model="mnist_net", counts=counts, downsample=downsample, data_dir="my data")
+    search = SimpleNamespace(cfg=cfg, leaderboard=lambda: rows, run_dir=tmp_path / "run")
+    lines = next_steps(search)
+    assert lines[0].startswith("next:")
+    printed = [shlex.split(line.strip()) for line in lines[1:]]
+    assert [argv[2] for argv in printed] == commands
+    for argv in printed:
+        assert argv[:2] == ["python", "-m"] and _parse(argv[2], argv[3:]) is None, argv
+        assert argv[argv.index("--data-dir") + 1] == "my data"  # the search's own data, quoted
+    measures = ",".join(argv[argv.index("--measures") + 1] for argv in printed if "--measures" in argv)
+    if commands[0] == "bnn.evidence":  # XNOR and the three best, none twice
+        assert sorted(measures.split(",")) == sorted(["baseline", "16-4-4-12-10-4-2", "3-4-5-6-1-2-3", "1-1-1-1-1-1-1"])
+    assert next_steps(SimpleNamespace(cfg=SearchConfig(fitness="synthetic:1"), leaderboard=lambda: rows,
+                                      run_dir=tmp_path)) == []

@@ -377,13 +377,16 @@ def main(argv=None) -> int:
 
 
 def _report(search: Search, args, code: int) -> int:
-    from .report import leaderboard_text, write_plot, write_results
+    from .report import leaderboard_text, next_steps, write_plot, write_results
 
     print(leaderboard_text(search), flush=True)
     print(f"stopped: {search.stop_reason}", file=sys.stderr)
     path = write_results(search)
     print(f"wrote {path}", file=sys.stderr)
     print(write_plot(search), file=sys.stderr)
+    if code == 0:  # a finished search; an interrupted one is told how to resume
+        for line in next_steps(search):
+            print(line, file=sys.stderr)
     if args.json:
         print(json.dumps(search.summary(), separators=(",", ":")), flush=True)
     return code

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import shlex
 from pathlib import Path
 
 from refimpl.fileio import atomic_write_bytes, check_output, remove_stale_temps
@@ -17,6 +18,27 @@ def prepare_outputs(run_dir: Path) -> None:
     for name in OUTPUTS:
         check_output(Path(run_dir) / name)
     remove_stale_temps(run_dir)  # only names fileio made: a user's "results.json.tmp" stays
+
+
+def next_steps(search: Search, top: int = 3) -> list[str]:
+    """What to run after a search, with its own settings: a search's fitness is a short, noisy proxy
+    (docs/evidence.md), so its best few are retrained with the full recipe over seeds, paired with XNOR."""
+    cfg = search.cfg
+    best = [r["genome"] for r in search.leaderboard() if r["name"] != "baseline"][:top]
+    if cfg.fitness != "train" or not best:
+        return []
+    data = f"--dataset {cfg.dataset} --model {cfg.model}" + (f" --data-dir {shlex.quote(cfg.data_dir)}" if cfg.data_dir else "")
+    if cfg.dataset.startswith("cifar") or cfg.downsample != "binary":  # the grid: MNIST-like sets, binary shortcuts
+        return ["next: retrain the best with your full recipe on several seeds, XNOR beside them on the same seeds:",
+                *[f"  python -m bnn.train {data} --downsample {cfg.downsample} --counts {c} --measure {g} --seed 0"
+                  for g, c in [(best[0], cfg.counts), ("baseline", "raw")]]]
+    grid = f"python -m bnn.evidence {data} --root {shlex.quote(str(search.run_dir / 'evidence'))} --seeds 0,1,2,3,4,5 " \
+           "--real-measures none"
+    lines = ["next: retrain the best with the full recipe on six seeds, paired with XNOR by seed (a search's fitness is "
+             "a short, noisy proxy; believe a gain whose whole interval is above zero):"]
+    if cfg.counts == "raw":
+        return [*lines, f"  {grid} --counts raw --measures baseline,{','.join(best)}"]
+    return [*lines, f"  {grid} --counts raw --measures baseline", f"  {grid} --counts {cfg.counts} --measures {','.join(best)}"]
 
 
 def leaderboard_text(search: Search, top: int | None = None) -> str:
