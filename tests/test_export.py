@@ -3,6 +3,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 
 import numpy as np
 import pytest
@@ -134,6 +135,13 @@ def test_export_cli_writes_the_checkpoint_hash_and_leaves_no_temp_file(checkpoin
     assert meta["arch"] == "digits_net" and meta["dataset"] == "digits"
     assert meta["input"]["mean"] == [4.884] and meta["input"]["pixel_max"] == 16
     assert os.listdir(tmp_path) == ["model.bnn"]
+    # the hint it prints is a command that works on the file it wrote
+    from refimpl.infer import main as infer_main
+
+    summary = shlex.split(r.stdout.splitlines()[-1].split("costs: ", 1)[1])
+    assert summary[:3] == ["python", "-m", "refimpl.infer"] and summary[-1] == "--summary"
+    shown = run_main(infer_main, *summary[3:])
+    assert shown.returncode == 0 and "digits_net" in shown.stdout and "Total:" in shown.stdout
 
 
 @pytest.mark.parametrize("case", ["missing", "garbage"])

@@ -6,6 +6,7 @@ and a missing argument never pay it. The export itself is bnn/export/model_file.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 from refimpl.cli import OneLineParser, one_line
@@ -29,4 +30,6 @@ def main(argv=None) -> int:
     print(f"wrote {args.out}: {meta['arch']} with genome {meta['genome']}, {meta['downsample']} downsampling, "
           f"{meta['counts']} counts, "
           f"{size / 1e6:.2f} MB")
+    print(f"run it: python -m refimpl.infer {shlex.quote(args.out)} --dataset NAME (or --input X.npy); its layers and "
+          f"costs: python -m refimpl.infer {shlex.quote(args.out)} --summary")
     return 0
