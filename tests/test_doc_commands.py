@@ -215,7 +215,8 @@ def test_python_m_bnn_and_refimpl_list_every_documented_command_and_each_parses_
 @pytest.mark.parametrize("dataset, counts, downsample, commands", [
     ("digits", "raw", "binary", ["bnn.evidence"]),
     ("fashion-mnist", "laplace", "binary", ["bnn.evidence", "bnn.evidence"]),  # XNOR on raw counts, the finds on theirs
-    ("cifar10", "laplace", "binary", ["bnn.train", "bnn.train"]),  # no grid protocol for CIFAR
+    ("cifar10", "laplace", "binary", ["bnn.evidence", "bnn.evidence"]),
+    ("cifar100", "raw", "binary", ["bnn.evidence"]),
     ("mnist", "raw", "real", ["bnn.train", "bnn.train"]),
 ])
 def test_a_finished_search_prints_next_steps_that_parse(tmp_path, dataset, counts, downsample, commands):

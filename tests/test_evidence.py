@@ -430,3 +430,26 @@ def test_jobs_below_one_are_refused(tmp_path, capsys):
     assert evidence.main(["--smoke", "--root", str(tmp_path / "r"), "--jobs", "0"]) == 2
     assert "--jobs" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "cifar100"])
+def test_a_cifar_grid_trains_the_papers_fitness_recipe_on_resnet18(tmp_path, dataset):
+    # The paper's fitness (bnn.settings.FITNESS): ResNet-18, 15 epochs, Adam 5e-3 constant, batch 128.
+    args = evidence.grid._parser().parse_args(["--dataset", dataset, "--root", str(tmp_path / "g")])
+    _, base, cells = evidence.grid.setup(args)
+    assert (base.dataset, base.model, base.epochs, base.lr, base.batch_size, tuple(base.milestones), base.train_size) \
+        == (dataset, "resnet18", 15, 0.005, 128, (), None)
+    assert {c["measure"] for c in cells} >= {"baseline", "M1", "M10"}
+
+
+def test_a_cifar_grid_runs_on_a_tiny_cifar_folder(tmp_path, capsys):
+    from _tiny_cifar import make_cifar
+
+    make_cifar(tmp_path / "data", per_batch=16)
+    root = tmp_path / "grid"
+    assert evidence.main(["--dataset", "cifar10", "--data-dir", str(tmp_path / "data"), "--root", str(root),
+                          "--measures", "baseline", "--seeds", "0", "--real-measures", "none", "--epochs", "1",
+                          "--val-size", "16", "--batch-size", "32", "--no-progress", "--no-plot"]) == 0
+    results = _read_json(root / "results.json")
+    assert results["protocol"]["dataset"] == "cifar10" and results["protocol"]["model"] == "resnet18"
+    assert [(r["measure"], r["n_ok"]) for r in results["rows"]] == [("baseline", 1)]

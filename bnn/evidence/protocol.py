@@ -18,6 +18,12 @@ PROTOCOLS = {
     "digits": dict(epochs=30, train_size=None, batch_size=FITNESS.batch_size, lr=FITNESS.lr, milestones=(22,)),
 }
 PROTOCOLS["mnist"] = dict(PROTOCOLS["fashion-mnist"])
+# CIFAR: the paper's fitness recipe (ResNet-18, 15 epochs at a constant lr), GPU work (one cell about 51 s
+# on an H200 with --measure-impl triton, docs/performance.md); the paper's own evaluation is 300 epochs
+# (--epochs 300 --milestones 80,150,200,240,270, bnn.train's paper-eval preset).
+PROTOCOLS["cifar10"] = dict(epochs=FITNESS.epochs, train_size=None, batch_size=FITNESS.batch_size, lr=FITNESS.lr,
+                            milestones=FITNESS.milestones)
+PROTOCOLS["cifar100"] = dict(PROTOCOLS["cifar10"])
 SEEDS = (0, 1, 2)
 REAL_MEASURES = ("baseline", "M5", "M9")  # also trained with downsample=real
 # --smoke: a whole grid in seconds (4 cells of 3 steps), for tests and a first look.
@@ -28,5 +34,5 @@ SMOKE = dict(dataset="digits", measures="baseline,M1", seeds="0,1", real_measure
 def protocol_text(key: str) -> str:
     """A protocol setting per data set for --help, e.g. "fashion-mnist 3, digits 30"."""
     def shown(v):
-        return "all" if v is None else ",".join(map(str, v)) if isinstance(v, tuple) else f"{v:g}"
+        return "all" if v is None else (",".join(map(str, v)) or "none") if isinstance(v, tuple) else f"{v:g}"
     return ", ".join(f"{name} {shown(p[key])}" for name, p in PROTOCOLS.items())

@@ -28,13 +28,14 @@ def next_steps(search: Search, top: int = 3) -> list[str]:
     if cfg.fitness != "train" or not best:
         return []
     data = f"--dataset {cfg.dataset} --model {cfg.model}" + (f" --data-dir {shlex.quote(cfg.data_dir)}" if cfg.data_dir else "")
-    if cfg.dataset.startswith("cifar") or cfg.downsample != "binary":  # the grid: MNIST-like sets, binary shortcuts
+    if cfg.downsample != "binary":  # the grid's --measures train binary shortcuts
         return ["next: retrain the best with your full recipe on several seeds, XNOR beside them on the same seeds:",
                 *[f"  python -m bnn.train {data} --downsample {cfg.downsample} --counts {c} --measure {g} --seed 0"
                   for g, c in [(best[0], cfg.counts), ("baseline", "raw")]]]
     grid = f"python -m bnn.evidence {data} --root {shlex.quote(str(search.run_dir / 'evidence'))} --seeds 0,1,2,3,4,5 " \
            "--real-measures none"
-    lines = ["next: retrain the best with the full recipe on six seeds, paired with XNOR by seed (a search's fitness is "
+    recipe = "the full recipe" if not cfg.dataset.startswith("cifar") else "the paper's 15-epoch recipe (a GPU's work)"
+    lines = [f"next: retrain the best with {recipe} on six seeds, paired with XNOR by seed (a search's fitness is "
              "a short, noisy proxy; believe a gain whose whole interval is above zero):"]
     if cfg.counts == "raw":
         return [*lines, f"  {grid} --counts raw --measures baseline,{','.join(best)}"]
