@@ -72,6 +72,26 @@ def _cache_folder() -> str:
     return str(_tiles.panel_16x8_nchw._cache.cache_path)
 
 
+def project_version() -> str:
+    """The installed project's version, and the git commit of the checkout it runs from, if any."""
+    from importlib import metadata
+
+    try:
+        text = metadata.version("bnn-measure-search")
+    except metadata.PackageNotFoundError:
+        text = "not installed"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isdir(os.path.join(root, ".git")):
+        try:
+            out = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                 timeout=10)
+            if out.returncode == 0 and out.stdout.strip():
+                text += f" (commit {out.stdout.strip()})"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return text
+
+
 def collect() -> dict:
     """Everything this command prints, as a dict of JSON types."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -86,6 +106,7 @@ def collect() -> dict:
         "isa_forced": isa_choice() == isa.ENV,
         "isa_chosen_by": isa_choice(),
         "numba_cpu_name": numba.config.CPU_NAME or llvm.get_host_cpu_name(),
+        "project": project_version(),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "numba": numba.__version__,
@@ -104,7 +125,8 @@ def render(info: dict) -> str:
         ("kernel path", f"{info['isa_path']} ({how})"),
         ("paths this CPU runs", ", ".join(info["isa_executable_paths"]) + f" (best: {info['isa_host_path']})"),
         ("Numba target CPU", info["numba_cpu_name"]),
-        ("versions", (f"python {info['python']}, numpy {info['numpy']}, numba {info['numba']}, "
+        ("versions", (f"bnn-measure-search {info['project']}, python {info['python']}, numpy {info['numpy']}, "
+                      f"numba {info['numba']}, "
                       f"llvmlite {info['llvmlite']}")),
         ("Numba threads", f"{info['numba_threads']} (threading layer: {info['numba_threading_layer']})"),
         ("kernel cache", info["kernel_cache"]),

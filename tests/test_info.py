@@ -18,7 +18,7 @@ from refimpl import info, isa
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = {"cpu_model", "cores", "usable_cores", "architecture", "isa_path", "isa_host_path", "isa_executable_paths",
-        "isa_forced", "isa_chosen_by", "numba_cpu_name", "python", "numpy", "numba", "llvmlite", "numba_threads",
+        "isa_forced", "isa_chosen_by", "numba_cpu_name", "project", "python", "numpy", "numba", "llvmlite", "numba_threads",
         "numba_threading_layer", "kernel_cache"}
 
 
@@ -46,6 +46,14 @@ def test_in_process_fields_describe_this_interpreter_and_cpu(capsys):
     if forced:
         assert got["isa_path"] == os.environ["REFIMPL_ISA"].strip().lower()
     assert os.path.isdir(got["kernel_cache"])
+    # the installed version, and in a git checkout the commit a bug report needs
+    from importlib import metadata
+
+    assert got["project"].startswith(metadata.version("bnn-measure-search"))
+    if os.path.isdir(os.path.join(ROOT, ".git")):
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        commit = got["project"].split("(commit ", 1)[1].rstrip(")")
+        assert len(commit) >= 7 and head.startswith(commit)
 
 
 def test_the_table_names_the_path_and_how_it_was_chosen(capsys):
