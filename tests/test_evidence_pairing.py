@@ -107,6 +107,9 @@ def test_a_trained_cell_records_the_cpu_kind_it_ran_on(tmp_path, capsys):
     assert cell["cpu_kind"] == (f"{model or platform.processor() or platform.machine()}; "
                                 f"torch {torch.backends.cpu.get_cpu_capability()}; refimpl {isa.current_path()}")
     assert cell["threads"] == torch.get_num_threads()  # one job: the cell trained in this process
+    from importlib import metadata  # and which code trained it
+
+    assert cell["code"].startswith(metadata.version("bnn-measure-search"))
     md = (root / "results.md").read_text()
     assert "family-wise 95% interval (Bonferroni: 97.50% each)" in md and "| family-wise CI |" in md
 

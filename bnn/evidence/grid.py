@@ -289,12 +289,15 @@ def run_grid(root: str, base, cells: list[dict], progress: bool = True, plot: bo
             raise GridError(str(exc)) from None
         info = machine.host_info(device)
         host, kind = machine.host_label(info), machine.cpu_kind(info)
+        from refimpl.info import project_version
+
+        code = project_version()  # which code trained the cell: the version, and the commit of a checkout
         bar = _bar(len(todo), progress)
         # A CPU training's bits depend on its thread count too (not part of the kind, which old journals lack).
         threads = _worker_threads(jobs) if jobs > 1 else info["torch_threads"]
         rows = _results_in_parallel(base, todo, configs, jobs) if jobs > 1 else _results_in_order(base, todo, configs)
         for i, (cell, result) in enumerate(rows, 1):
-            row = {**cell, **result, "device": device, "host": host, "cpu_kind": kind, "threads": threads}
+            row = {**cell, **result, "device": device, "host": host, "cpu_kind": kind, "threads": threads, "code": code}
             append_line(journal, row)
             done[cell["key"]] = row
             forget_cell(root, cell["key"])
