@@ -6,6 +6,8 @@ import argparse
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bnn import evidence, reproduce
 from bnn import train as bnn_train
@@ -81,6 +83,15 @@ def test_fraction_takes_the_docs_ratio_form_and_decimals():
 def test_nearest_option_names_what_a_mistyped_option_meant(word, meant):
     known = ["--out", "--overwrite", "--seed", "--data-dir", "--dataset", "--counts", "--help"]
     assert nearest_option(word, known) == meant
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=12), st.lists(st.from_regex(r"--[a-z]{2,6}(-[a-z]{2,5})?", fullmatch=True), min_size=1,
+                                      max_size=8, unique=True))
+def test_nearest_option_answers_a_known_option_or_none_and_each_known_one_itself(tail, known):
+    assert nearest_option("--" + tail, known) in [*known, None]
+    for k in known:
+        assert nearest_option(k, known) == k and nearest_option(k.replace("-", "_").replace("__", "--", 1), known) == k
 
 
 @pytest.mark.parametrize("main, argv, said", [
