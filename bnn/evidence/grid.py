@@ -83,7 +83,7 @@ def plan_cells(measures, seeds, real_measures, conventions=(RAW,)) -> list[dict]
     return list({c["key"]: c for c in cells}.values())  # a measure named twice runs once
 
 
-def base_config(dataset: str, model: str | None, protocol: dict, data_dir, device):
+def base_config(dataset: str, model: str | None, protocol: dict, data_dir, device, download: bool = False):
     """The TrainConfig every cell shares: the data set's preset (its recipe), the protocol on top."""
     from ..train import DEFAULT_MODEL, DEFAULT_PRESET, PRESETS, TrainConfig
 
@@ -98,7 +98,7 @@ def base_config(dataset: str, model: str | None, protocol: dict, data_dir, devic
     overrides = {k: v for k, v in protocol.items() if v is not None}  # None: the config's default
     try:
         cfg = TrainConfig(**{**preset, "dataset": dataset, "model": model, "data_dir": data_dir, "device": device,
-                             **overrides})
+                             "download": download, **overrides})
         cfg.validate()
     except ValueError as exc:
         raise GridError(str(exc)) from None
@@ -375,6 +375,8 @@ def _parser() -> argparse.ArgumentParser:
                    "15-epoch fitness recipe on ResNet-18: GPU work)")
     p.add_argument("--model", help="network (default: the data set's default, mnist_net for MNIST-like sets)")
     p.add_argument("--data-dir", help="folder with the data set's files (default: $BNN_DATA_DIR or ./data)")
+    p.add_argument("--download", action="store_true", help="download the data set if it is missing, before the first "
+                   "cell, as bnn.train (MNISTs: the official files, SHA-256 checked; CIFAR: torchvision)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--root", help="run folder: journal, lock, results, and cells/ with the checkpoints of cells in "
                    "progress, from which a rerun continues them (default: runs/evidence-DATASET)")
@@ -449,7 +451,7 @@ def setup(args) -> tuple[str, object, list[dict]]:
         raise GridError(str(exc)) from None
     if not cells:
         raise GridError("no cells to run: give at least one measure and one seed")
-    base = base_config(dataset, args.model, protocol, args.data_dir, args.device)
+    base = base_config(dataset, args.model, protocol, args.data_dir, args.device, args.download)
     return root, base, cells
 
 

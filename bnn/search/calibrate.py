@@ -275,6 +275,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default="fashion-mnist", help="the data set (default fashion-mnist)")
     p.add_argument("--model", help="the network (default: the data set's)")
     p.add_argument("--data-dir", help="folder with the data set's files (default: $BNN_DATA_DIR or ./data)")
+    p.add_argument("--download", action="store_true", help="download the data set if it is missing, before any "
+                   "training, as bnn.train (MNISTs: the official files, SHA-256 checked; CIFAR: torchvision)")
     p.add_argument("--train-seed", type=seed_int, default=100, help="the first rung seed (default 100, as the first search)")
     p.add_argument("--batch-size", type=positive_int, default=FITNESS.batch_size,
                    help=f"images per step of every rung (default {FITNESS.batch_size}, as bnn.search)")
@@ -302,6 +304,10 @@ def main(argv=None) -> int:
 
         device = str(resolve_device(args.device, args.dataset))  # no CUDA here: one line, before anything is written
         rungs = parse_rungs(args.rungs)
+        if args.download:  # once here, not in each worker
+            from ..data import read_arrays
+
+            read_arrays(args.dataset, args.data_dir or os.environ.get("BNN_DATA_DIR"), True)
         unranked: list[str] = []
         cells = [{"genome": r["genome"], "counts": r.get("counts", "raw"), "test_mean": r["test_mean"],
                   "measure": r.get("measure")} for r in grid_rows(args.full, unranked) if isinstance(r.get("genome"), str)]
