@@ -241,3 +241,28 @@ def test_a_finished_search_prints_next_steps_that_parse(tmp_path, dataset, count
         assert sorted(measures.split(",")) == sorted(["baseline", "16-4-4-12-10-4-2", "3-4-5-6-1-2-3", "1-1-1-1-1-1-1"])
     assert next_steps(SimpleNamespace(cfg=SearchConfig(fitness="synthetic:1"), leaderboard=lambda: rows,
                                       run_dir=tmp_path)) == []
+
+
+def _parser_of(command: str) -> argparse.ArgumentParser:
+    """The parser a command's main builds, caught as it parses."""
+    caught = []
+
+    def catch(self, args=None, namespace=None):
+        caught.append(self)
+        raise _Parsed(None)
+
+    main = importlib.import_module(MAINS[command]).main
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", catch):
+        try:
+            main([])
+        except _Parsed:
+            pass
+    return caught[0]
+
+
+@pytest.mark.parametrize("command", sorted(MAINS))
+def test_every_command_that_reads_a_data_set_spells_it_alike(command):
+    # README, "Every command that reads a data set spells it alike": --dataset, --data-dir and --download.
+    options = {o for a in _parser_of(command)._actions for o in a.option_strings}
+    if "--dataset" in options:
+        assert {"--data-dir", "--download"} <= options, command
