@@ -111,3 +111,11 @@ def test_summary_of_a_damaged_file_is_one_line(tmp_path):
     (tmp_path / "bad.bnn").write_bytes(np.arange(64, dtype=np.uint8).tobytes())
     r = run_main(main, tmp_path / "bad.bnn", "--summary")
     assert r.returncode == 2 and r.stderr.startswith("error:") and len(r.stderr.splitlines()) == 1
+
+
+def test_a_loaded_model_prints_the_same_summary_as_the_command(digits_file):
+    from refimpl import engine
+    from refimpl.infer import main
+
+    shown = run_main(main, digits_file, "--summary").stdout
+    assert engine.load(str(digits_file)).summary() == shown

@@ -241,8 +241,7 @@ def describe_costs(args) -> dict:
     if given:
         raise ValueError(f"{given[0]} goes with running the model; --summary only reads the file")
     d = describe(*read(args.model), args.model)
-    print(summary.text(d, f"{d.arch or 'model'} ({d.genome}, {d.downsample} downsampling, {d.counts} counts), input "
-                          f"{'x'.join(map(str, d.input_shape))}, {d.num_classes} classes: {args.model}"), end="")
+    print(summary.text(d, summary.title(d, args.model)), end="")
     table = summary.rows(d)
     return {"model": args.model, "arch": d.arch, "genome": str(d.genome), "counts": d.counts,
             "input_shape": list(d.input_shape), "layers": table, "totals": summary.totals(table)}

@@ -70,7 +70,7 @@ class Model:
     def __init__(self, meta: dict, tensors: dict, path: str = "<memory>"):
         self.path = path
         self.meta = meta
-        d = describe(meta, tensors, path)
+        d = self.description = describe(meta, tensors, path)
         self.genome, self.input_shape, self.downsample, self.layers = d.genome, d.input_shape, d.downsample, d.layers
         self.counts = d.counts  # the count convention (refimpl/conventions.py)
         self.num_classes, self.class_names = d.num_classes, d.class_names
@@ -87,6 +87,13 @@ class Model:
         if plan is None:
             plan = self._plans[key] = build_plan(self, n_img)
         return plan
+
+    def summary(self) -> str:
+        """Each layer's output and costs (1-bit and 32-bit MACs, measure evaluations, bytes), as
+        ``python -m refimpl.infer MODEL.bnn --summary`` prints them."""
+        from . import summary
+
+        return summary.text(self.description, summary.title(self.description, self.path))
 
     # -- running -------------------------------------------------------------------------------
     def check_input(self, x) -> np.ndarray:

@@ -93,6 +93,12 @@ def _si(v: float) -> str:
     return f"{v:.0f}"
 
 
+def title(d: Description, where: str) -> str:
+    """The summary's first line: the model, its measure and convention, its input and classes."""
+    return (f"{d.arch or 'model'} ({d.genome}, {d.downsample} downsampling, {d.counts} counts), input "
+            f"{'x'.join(map(str, d.input_shape))}, {d.num_classes} classes: {where}")
+
+
 def text(d: Description, title: str) -> str:
     """The table a terminal shows, and the totals under it."""
     table = rows(d)
