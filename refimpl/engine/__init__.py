@@ -11,7 +11,8 @@
   (a plan's bytes counted from its geometry and refused above a limit before any allocation),
   ``float_kernels`` (stem, shortcut, pooling, classifier) and ``epilogue`` (the per-genome fused
   epilogue, generated from ``refimpl/codegen/epilogue_template.py`` and cached);
-* ``infer``: ``python -m refimpl.infer``.
+* ``infer``: ``python -m refimpl.infer``; ``summary``: each layer's output and costs (its
+  ``--summary``, and ``Model.summary()``).
 """
 from .format import FORMAT, SUPPORTED_VERSIONS, VERSION
 from .model import Model, load
