@@ -120,6 +120,11 @@ for line in open(sys.argv[1]):
         pass
 cells = {r["key"]: r for r in rows if isinstance(r, dict) and "key" in r}.values()  # the last line of a key wins
 print(f"{len(cells)} of 96 cells journaled: " + ", ".join(sorted({r['measure'] + '/' + r['counts'] for r in cells})))
+cpu = sorted(r["cpu_s"] for r in cells if r.get("status") == "ok" and isinstance(r.get("cpu_s"), (int, float)))
+if cpu and len(cells) < 96:  # two trainings at a time, one core each
+    median = cpu[len(cpu) // 2]
+    print(f"grid: {96 - len(cells)} cells left, about {(96 - len(cells)) * median / 2 / 3600:.1f} h with both cores "
+          f"to the runner (median {median:.0f} s of CPU a finished cell); then the ladder")
 EOF
       ls "$root/full/cells" 2>/dev/null | sed 's/^/in progress: /'
     fi

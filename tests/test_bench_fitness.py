@@ -173,6 +173,31 @@ def test_the_calibration_runner_maps_each_kind_to_its_own_experiment(tmp_path):
     assert _runner(tmp_path, "status", kind=f"{xeon}\nrocketlake").returncode == 2
 
 
+def test_the_calibration_runners_status_counts_cells_and_the_time_left(tmp_path):
+    # The probe (python -c) answers this experiment's kind; the journal is read by the real interpreter.
+    kind = "Intel(R) Xeon(R) Processor; torch AVX512; refimpl avx512-vpopcntdq\nemeraldrapids"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\nif [ "$1" = -c ]; then printf \'{kind}\\n\'; else exec {sys.executable} "$@"; fi\n')
+    fake.chmod(0o755)
+    full = tmp_path / "runs" / "calibration-cpu-xeon" / "full"
+    full.mkdir(parents=True)
+    rows = [{"key": f"M1/binary/laplace/s{i}", "measure": "M1", "counts": "laplace", "status": "ok", "cpu_s": c}
+            for i, c in enumerate([400.0, 500.0, 450.0])]
+    rows.append({"key": "M6/binary/raw/s0", "measure": "M6", "counts": "raw", "status": "diverged", "cpu_s": 20.0})
+    rows.append(dict(rows[0], cpu_s=410.0))  # a key journaled again: its last line counts, once
+    (full / "journal.jsonl").write_text('{"protocol": {}}\n' + "".join(json.dumps(r) + "\n" for r in rows))
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "RUNS": str(tmp_path / "runs"),
+           "FROZEN": str(tmp_path / "frozen")}
+    r = subprocess.run(["bash", str(ROOT / "bench" / "calibration_runner.sh"), "status"], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[2] == "4 of 96 cells journaled: M1/laplace, M6/raw"
+    # 92 cells left at the median 450 s of the finished cells (410, 450, 500), two at a time: 5.75 h
+    assert lines[3] == ("grid: 92 cells left, about 5.8 h with both cores to the runner (median 450 s of CPU a "
+                        "finished cell); then the ladder")
+
+
 @pytest.mark.parametrize("args, env, message", [
     (["--bogus"], {}, "error: unknown option '--bogus'; give --cpu, --cpu-smoke or nothing"),
     ([], {"BNN_DATA_DIR": "/nonexistent/fm"},
