@@ -47,6 +47,8 @@ def _geometry(conv) -> str:
 
 def rows(d: Description) -> list[dict]:
     """One row per layer: name, kind, output (C, H, W) and the costs of ``_FIELDS``."""
+    if d.shapes is None:  # an exporter's description, not yet through the reader
+        raise ValueError("the layers' shapes come from reading the file: summarize model_file.describe(*read(path), path)")
     out = []
     for i, (layer, shape) in enumerate(zip(d.layers, d.shapes)):
         hw = shape[1:]
