@@ -86,6 +86,7 @@ def test_the_command_prints_a_row_per_layer_the_totals_and_json(digits_file):
     lines = r.stdout.splitlines()
     costs = json.loads(lines[-1])
     d = describe(*read(str(digits_file)), "digits")
+    assert (costs["downsample"], costs["counts"], costs["genome"]) == ("binary", "raw", "0-0-0-0-0-0-1")
     assert [row["name"] for row in costs["layers"]] == [row["name"] for row in summary.rows(d)]
     assert lines[2].split()[:3] == ["layer", "kind", "output"]
     assert sum(line.startswith(row["name"] + " ") for line in lines for row in costs["layers"]) == len(d.layers)

@@ -307,7 +307,7 @@ def main(argv=None) -> int:
         if args.download:  # once here, not in each worker
             from ..data import read_arrays
 
-            read_arrays(args.dataset, args.data_dir or os.environ.get("BNN_DATA_DIR"), True)
+            read_arrays(args.dataset, args.data_dir, True)  # None: $BNN_DATA_DIR or ./data, as every reader
         unranked: list[str] = []
         cells = [{"genome": r["genome"], "counts": r.get("counts", "raw"), "test_mean": r["test_mean"],
                   "measure": r.get("measure")} for r in grid_rows(args.full, unranked) if isinstance(r.get("genome"), str)]

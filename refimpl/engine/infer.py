@@ -243,7 +243,7 @@ def describe_costs(args) -> dict:
     d = describe(*read(args.model), args.model)
     print(summary.text(d, summary.title(d, args.model)), end="")
     table = summary.rows(d)
-    return {"model": args.model, "arch": d.arch, "genome": str(d.genome), "counts": d.counts,
+    return {"model": args.model, "arch": d.arch, "genome": str(d.genome), "downsample": d.downsample, "counts": d.counts,
             "input_shape": list(d.input_shape), "layers": table, "totals": summary.totals(table)}
 
 
