@@ -242,3 +242,74 @@ def test_a_measure_whose_every_cell_diverged_is_named_as_left_out_of_the_ranking
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["unranked"] == ["M6 freq"] and len(out["cells"]) == 6  # ranked over the six that trained
     assert "Left out of the ranking (every full-recipe cell diverged: no test accuracy): M6 freq." in r.stdout
+
+
+def _brute_split_half(per_seed):
+    # Every unordered split of the seeds into a half of len // 2 and the rest, by frozensets; SciPy's rho.
+    import itertools
+
+    seeds = sorted(per_seed[0])
+    seen, rhos = set(), []
+    for a in itertools.combinations(seeds, len(seeds) // 2):
+        b = tuple(s for s in seeds if s not in a)
+        if frozenset((frozenset(a), frozenset(b))) in seen:
+            continue
+        seen.add(frozenset((frozenset(a), frozenset(b))))
+        xs, ys = [], []
+        for c in per_seed:
+            va = [c[s] for s in a if not isinstance(c[s], str)]
+            vb = [c[s] for s in b if not isinstance(c[s], str)]
+            if va and vb:
+                xs.append(sum(va) / len(va))
+                ys.append(sum(vb) / len(vb))
+        rhos.append(scipy_stats.spearmanr(xs, ys).statistic)
+    return rhos
+
+
+@pytest.mark.parametrize("n_seeds", [6, 5])
+def test_split_half_ranks_each_half_of_the_seeds_against_the_other(n_seeds):
+    import random
+
+    from bnn.search.calibrate import split_half
+
+    rng = random.Random(n_seeds)
+    per_seed = [{str(s): round(0.80 + 0.01 * i + rng.uniform(-0.02, 0.02), 4) for s in range(n_seeds)} for i in range(7)]
+    per_seed[2]["1"] = "diverged"  # sits out of its half's mean, as test_mean leaves it out
+    per_seed[4] = {**per_seed[4], "0": "diverged", "3": "error"}
+    want = _brute_split_half(per_seed)
+    got = split_half(per_seed)
+    assert got["splits"] == len(want) == 10  # C(6, 3) / 2 and C(5, 2)
+    assert got["half"] == n_seeds // 2 and got["seeds"] == n_seeds
+    assert got["rho_mean"] == pytest.approx(sum(want) / len(want), abs=1e-12)
+    assert (got["rho_min"], got["rho_max"]) == pytest.approx((min(want), max(want)), abs=1e-12)
+
+
+def test_split_half_needs_two_seeds_common_to_every_cell():
+    from bnn.search.calibrate import split_half
+
+    assert split_half([{"0": 0.8}, {"0": 0.7}, {"0": 0.9}]) is None
+    assert split_half([{"0": 0.8, "1": 0.8}, {"2": 0.7, "3": 0.7}, {"0": 0.9, "1": 0.9}]) is None
+    assert split_half([]) is None
+    # out-of-range or non-finite values are no accuracy: with them out, fewer than 3 cells rank
+    assert split_half([{"0": 0.8, "1": 0.81}, {"0": 2.0, "1": 0.7}, {"0": float("nan"), "1": 0.9}]) is None
+
+
+def test_the_command_prints_the_full_recipes_split_half_ceiling(tmp_path, grid):
+    data = json.loads((grid / "results.json").read_text())
+    for i, row in enumerate(data["rows"]):  # six seeds around each cell's mean, spread so the halves disagree a little
+        row["per_seed"] = {str(s): row["test_mean"] + 0.004 * (((i + 1) * (s + 2)) % 5 - 2) for s in range(6)}
+    (grid / "results.json").write_text(json.dumps(data))
+    r = calibrate(*_args(grid, tmp_path / "cal"))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    want = _brute_split_half([row["per_seed"] for row in data["rows"]])
+    assert out["split_half"]["rho_mean"] == pytest.approx(sum(want) / len(want), abs=1e-12)
+    line = next(x for x in r.stdout.splitlines() if x.startswith("The full recipe against itself"))
+    assert f"rho {sum(want) / len(want):.2f} on average over 10 splits ({min(want):.2f} to {max(want):.2f})" in line
+
+
+def test_a_grid_without_per_seed_values_prints_no_ceiling(tmp_path, grid):
+    r = calibrate(*_args(grid, tmp_path / "cal"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["split_half"] is None
+    assert "against itself" not in r.stdout
