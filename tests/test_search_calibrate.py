@@ -313,3 +313,26 @@ def test_a_grid_without_per_seed_values_prints_no_ceiling(tmp_path, grid):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["split_half"] is None
     assert "against itself" not in r.stdout
+
+
+def test_split_half_samples_the_splits_of_many_seeds_and_refuses_absurd_counts():
+    import itertools
+    import random
+
+    from bnn.search.calibrate import split_half
+
+    rng = random.Random(1)
+    per_seed = [{str(s): 0.7 + 0.02 * i + rng.uniform(-0.03, 0.03) for s in range(16)} for i in range(5)]
+    got = split_half(per_seed)
+    assert got["splits"] == 500 and got["half"] == 8  # C(16, 8) / 2 = 6435 splits: a sample
+    every = []
+    seeds = sorted(per_seed[0])
+    for a in itertools.combinations(seeds, 8):
+        if seeds[0] in a:
+            b = [s for s in seeds if s not in a]
+            xs = [sum(c[s] for s in a) / 8 for c in per_seed]
+            ys = [sum(c[s] for s in b) / 8 for c in per_seed]
+            every.append(scipy_stats.spearmanr(xs, ys).statistic)
+    assert min(every) - 1e-12 <= got["rho_min"] and got["rho_max"] <= max(every) + 1e-12
+    assert abs(got["rho_mean"] - sum(every) / len(every)) < 0.05  # a sample's mean near the whole's
+    assert split_half([{str(s): 0.8 for s in range(65)}] * 3) is None  # above MAX_SEEDS: no ceiling, no hang

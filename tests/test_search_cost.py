@@ -124,3 +124,34 @@ def test_help_names_every_option():
     assert rc == 0
     for flag in ("--full", "--screen", "--score", "--json", "RUN_DIR"):
         assert flag in out
+
+
+def test_full_prints_the_grids_split_half_ceiling_over_the_ranked_cells(tmp_path):
+    from bnn.search.cli import main as search_main
+
+    run = tmp_path / "search"
+    r = run_main(search_main, "--fitness", "synthetic:5", "--population", "6", "--epochs", "3",
+                 "--max-evaluations", "12", "--max-trainings", "100", "--seed", "2", "--no-progress", "--run-dir", str(run))
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(x) for x in (run / "journal.jsonl").read_text().splitlines()]
+    genomes = list(dict.fromkeys(e["genome"] for e in events if e.get("type") == "result" and e["status"] == "ok"))[:4]
+    assert len(genomes) == 4
+    per_seed = [{"0": 0.80, "1": 0.82, "2": 0.81, "3": 0.79}, {"0": 0.84, "1": 0.80, "2": 0.83, "3": 0.85},
+                {"0": 0.70, "1": 0.72, "2": "diverged", "3": 0.71}, {"0": 0.75, "1": 0.86, "2": 0.77, "3": 0.78}]
+    rows = [{"measure": f"m{i}", "genome": g, "counts": "raw", "n_ok": 4, "test_mean": 0.8, "per_seed": p}
+            for i, (g, p) in enumerate(zip(genomes, per_seed))]
+    rows.append({"measure": "unsearched", "genome": "3-0-3-0-0-10-6", "counts": "freq", "n_ok": 4, "test_mean": 0.5,
+                 "per_seed": {"0": 0.1, "1": 0.9, "2": 0.1, "3": 0.9}})  # no fitness: not among the ranked cells
+    grid = tmp_path / "grid"
+    grid.mkdir()
+    (grid / "results.json").write_text(json.dumps({"rows": rows}))
+    rc, out, err = cost_cli(run, "--full", grid, "--json")
+    assert rc == 0, err
+    got = json.loads(out.strip().splitlines()[-1])["cost"]["full_split_half"]
+    want = []  # the 3 splits of 4 seeds, by hand: {0,1}|{2,3}, {0,2}|{1,3}, {0,3}|{1,2}
+    for a, b in ((("0", "1"), ("2", "3")), (("0", "2"), ("1", "3")), (("0", "3"), ("1", "2"))):
+        xs = [sum(v for s in a if isinstance(v := p[s], float)) / sum(isinstance(p[s], float) for s in a) for p in per_seed]
+        ys = [sum(v for s in b if isinstance(v := p[s], float)) / sum(isinstance(p[s], float) for s in b) for p in per_seed]
+        want.append(scipy_stats.spearmanr(xs, ys).statistic)
+    assert got["splits"] == 3 and got["rho_mean"] == pytest.approx(sum(want) / 3, abs=1e-12)
+    assert f"rho {sum(want) / 3:.2f} on average over 3 splits" in out

@@ -7,8 +7,13 @@ inverted by bisection. Exact to ~1e-12, which the tests check against scipy.stat
 """
 from __future__ import annotations
 
+import itertools
 import math
 
+from .jsonl import is_accuracy
+
+MAX_SPLITS = 500  # split_half: 12 seeds have 462 splits; more seeds, a sample of this many
+MAX_SEEDS = 64  # split_half: no grid trains more; a file that claims more is read without the ceiling
 VERDICTS = ("beats baseline", "worse", "within noise", "one pair: no interval")
 
 
@@ -168,3 +173,45 @@ def top_agreement(xs, ys, k: int = 3) -> int:
     """How many of the k pairs ranked best by ``xs`` are also among the k best by ``ys`` (ties: the earlier pair first)."""
     top = lambda v: set(sorted(range(len(v)), key=lambda i: -v[i])[:k])  # noqa: E731
     return len(top(list(xs)) & top(list(ys)))
+
+
+def split_half(per_seed: list[dict]) -> dict | None:
+    """The full recipe against itself: its seeds split into two halves every way, each cell's mean test
+    accuracy over one half ranked against its mean over the other (Spearman). ``per_seed``: each cell's
+    {seed: test accuracy, or a status for a run that did not finish ok}; a cell with no accuracy in a half
+    sits out that split, as test_mean leaves such runs out. How well the target ranks itself, on half its
+    seeds: a ceiling a cheap design's rho is read against (the six-seed means rank themselves better still).
+    None below two seeds common to every cell or above MAX_SEEDS; above 12 seeds, a seeded sample of MAX_SPLITS splits."""
+    seeds = sorted(set.intersection(*(set(c) for c in per_seed))) if per_seed else []
+    if not 2 <= len(seeds) <= MAX_SEEDS:
+        return None
+    half = len(seeds) // 2
+    acc = lambda c, part: [v for s in part if is_accuracy(v := c[s])]  # noqa: E731
+    if len(seeds) <= 12:  # every split: 462 at most
+        halves = [a for a in itertools.combinations(seeds, half) if len(seeds) > 2 * half or seeds[0] in a]
+    else:  # many seeds: a seeded sample of the splits, not every one of them
+        import random
+
+        rng, drawn = random.Random(0), set()
+        while len(drawn) < MAX_SPLITS:
+            a = frozenset(rng.sample(seeds, half))
+            drawn.add(a if len(seeds) > 2 * half or seeds[0] in a else frozenset(seeds) - a)
+        halves = sorted(tuple(sorted(a)) for a in drawn)
+    rhos = []
+    for a in halves:  # an even count's split once: the half holding the first seed
+        b = [s for s in seeds if s not in a]
+        pairs = [(mean(x), mean(y)) for c in per_seed if (x := acc(c, a)) and (y := acc(c, b))]
+        rho = spearman([p[0] for p in pairs], [p[1] for p in pairs]) if len(pairs) >= 3 else None
+        if rho is not None:
+            rhos.append(rho)
+    if not rhos:
+        return None
+    return {"seeds": len(seeds), "half": half, "splits": len(rhos), "rho_mean": mean(rhos),
+            "rho_min": min(rhos), "rho_max": max(rhos)}
+
+
+def split_half_text(r: dict) -> str:
+    """split_half's result as the line printed under the table."""
+    return (f"The full recipe against itself (a ceiling for any cheaper fitness): its {r['seeds']} seeds split into halves of "
+            f"{r['half']}, each half's means ranked against the other's: rho {r['rho_mean']:.2f} on average over "
+            f"{r['splits']} splits ({r['rho_min']:.2f} to {r['rho_max']:.2f}).")

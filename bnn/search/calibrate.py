@@ -29,8 +29,8 @@ from pathlib import Path
 from refimpl.cli import OneLineParser, fraction, one_line, positive_float, positive_int, seed_int
 from refimpl.fileio import read_regular
 
-from ..common.jsonl import append_line, cut_to, is_accuracy, is_number
-from ..common.stats import bootstrap_spearman, mean, spearman, top_agreement
+from ..common.jsonl import append_line, cut_to, is_number
+from ..common.stats import bootstrap_spearman, mean, spearman, split_half, split_half_text, top_agreement
 from ..settings import DEFAULT_MODEL, FITNESS, MEASURE_IMPLS
 from .cost import CostError, grid_cell_seconds, grid_rows
 from .ga import BASELINE
@@ -252,42 +252,6 @@ def decide(rows: list[dict], max_fraction: float = 0.25, min_rho: float = 0.8) -
     if rung0 is not None and not best["rho"] > rung0:
         return stay(f"the best within the cost, {said}, is not above rung 0's rho {rung0:.2f}")
     return {"design": best["design"], "reason": said, "search_flags": best["search_flags"]}
-
-
-def split_half(per_seed: list[dict]) -> dict | None:
-    """The full recipe against itself: its seeds split into two halves every way, each cell's mean test
-    accuracy over one half ranked against its mean over the other (Spearman). ``per_seed``: each cell's
-    {seed: test accuracy, or a status for a run that did not finish ok}; a cell with no accuracy in a half
-    sits out that split, as test_mean leaves such runs out. How well the target ranks itself, on half its
-    seeds: a ceiling a cheap design's rho is read against (the six-seed means rank themselves better still).
-    None below two seeds common to every cell."""
-    import itertools
-
-    seeds = sorted(set.intersection(*(set(c) for c in per_seed))) if per_seed else []
-    if len(seeds) < 2:
-        return None
-    half = len(seeds) // 2
-    acc = lambda c, part: [v for s in part if is_accuracy(v := c[s])]  # noqa: E731
-    rhos = []
-    for a in itertools.combinations(seeds, half):
-        if len(seeds) == 2 * half and seeds[0] not in a:
-            continue  # each split of an even count once
-        b = [s for s in seeds if s not in a]
-        pairs = [(mean(x), mean(y)) for c in per_seed if (x := acc(c, a)) and (y := acc(c, b))]
-        rho = spearman([p[0] for p in pairs], [p[1] for p in pairs]) if len(pairs) >= 3 else None
-        if rho is not None:
-            rhos.append(rho)
-    if not rhos:
-        return None
-    return {"seeds": len(seeds), "half": half, "splits": len(rhos), "rho_mean": mean(rhos),
-            "rho_min": min(rhos), "rho_max": max(rhos)}
-
-
-def split_half_text(r: dict) -> str:
-    """split_half's result as the line printed under the table."""
-    return (f"The full recipe against itself (a ceiling for any design): its {r['seeds']} seeds split into halves of "
-            f"{r['half']}, each half's means ranked against the other's: rho {r['rho_mean']:.2f} on average over "
-            f"{r['splits']} splits ({r['rho_min']:.2f} to {r['rho_max']:.2f}).")
 
 
 def markdown(rows: list[dict], cells: list[dict], clock: str = "wall_s") -> str:

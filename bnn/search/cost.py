@@ -31,7 +31,7 @@ from refimpl.genome import Genome
 
 from ..common.jsonl import append_line, cut_to, is_accuracy, is_number
 from ..common.runlock import RunDirInUse, hold_run_dir
-from ..common.stats import bootstrap_spearman, mean, spearman, top_agreement
+from ..common.stats import bootstrap_spearman, mean, spearman, split_half, split_half_text, top_agreement
 from .journal import JOURNAL, JournalError, read
 from .loop import SearchConfig
 
@@ -341,6 +341,8 @@ def markdown(c: dict, ranks: list[tuple[str, list[dict], float | None]]) -> str:
                   "| cell | genome | short | full test % | full runs |", "|---|---|---|---|---|"]
         lines += [f"| {p['cell']} | {p['genome']} | {100 * p['short']:.2f} | {100 * p['full']:.2f} | {p['full_n']} |"
                   for p in sorted(pairs, key=lambda p: -p["full"])]
+    if c.get("full_split_half"):
+        lines += ["", split_half_text(c["full_split_half"])]
     return "\n".join(lines) + "\n"
 
 
@@ -394,6 +396,9 @@ def main(argv=None) -> int:
                 known.update(_extra_fitness(read_extra(run_dir, log)))
             pairs, rho = rank_table(full, known)
             ranks.append(("search fitness vs full recipe", pairs, rho))
+            paired = {(p["genome"], p["counts"]) for p in pairs}
+            per_seed = [r.get("per_seed") for r in full if (r["genome"], r.get("counts", "raw")) in paired]
+            c["full_split_half"] = split_half(per_seed) if all(isinstance(v, dict) for v in per_seed) else None
             cell_s, per = grid_cell_seconds(args.full), c["training_s"] / c["evaluations"] if c["evaluations"] else None
             c["cost_per_candidate"] = {"training_s": per, "full_recipe_cell_s": cell_s,
                                        "fraction_of_full": per / cell_s if per is not None and cell_s else None}
