@@ -14,6 +14,8 @@ For each: Spearman's rho with a 95% bootstrap interval, how many of the full rec
 puts in its top 3, and its training seconds per measure, also as a fraction of a full-recipe cell:
 CPU seconds on a CPU (a niced training's wall time on a shared host says what else ran), wall seconds
 on a GPU, or wherever a training or the grid has no CPU seconds recorded (journals from before them).
+Under the table, where the grid's results.json has each cell's per-seed accuracies: the full recipe ranked
+against itself (its seeds in two halves, every split), the ceiling a cheaper fitness's rho is read against.
 Trainings are journaled in ``OUT/journal.jsonl`` (one line each, fsynced): a rerun continues, and
 refuses settings that differ from the journal's first line.
 """
