@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 
 from .jsonl import is_accuracy
 
@@ -148,8 +149,6 @@ def bootstrap_spearman(xs, ys, resamples: int = 2000, level: float = 0.95, seed:
     """Percentile bootstrap interval (lo, hi) of Spearman's rho: the pairs resampled with replacement
     ``resamples`` times from a seeded generator (the same pairs give the same interval), resamples
     where rho is undefined (a constant side) left out; (None, None) below 3 pairs."""
-    import random
-
     n = len(xs)
     if n < 3:
         return None, None
@@ -187,18 +186,18 @@ def split_half(per_seed: list[dict]) -> dict | None:
         return None
     half = len(seeds) // 2
     acc = lambda c, part: [v for s in part if is_accuracy(v := c[s])]  # noqa: E731
+    # An even count's split once: named by its half that holds the first seed.
+    names_split = lambda a: len(seeds) > 2 * half or seeds[0] in a  # noqa: E731
     if len(seeds) <= 12:  # every split: 462 at most
-        halves = [a for a in itertools.combinations(seeds, half) if len(seeds) > 2 * half or seeds[0] in a]
+        halves = [a for a in itertools.combinations(seeds, half) if names_split(a)]
     else:  # many seeds: a seeded sample of the splits, not every one of them
-        import random
-
         rng, drawn = random.Random(0), set()
         while len(drawn) < MAX_SPLITS:
             a = frozenset(rng.sample(seeds, half))
-            drawn.add(a if len(seeds) > 2 * half or seeds[0] in a else frozenset(seeds) - a)
+            drawn.add(a if names_split(a) else frozenset(seeds) - a)
         halves = sorted(tuple(sorted(a)) for a in drawn)
     rhos = []
-    for a in halves:  # an even count's split once: the half holding the first seed
+    for a in halves:
         b = [s for s in seeds if s not in a]
         pairs = [(mean(x), mean(y)) for c in per_seed if (x := acc(c, a)) and (y := acc(c, b))]
         rho = spearman([p[0] for p in pairs], [p[1] for p in pairs]) if len(pairs) >= 3 else None
