@@ -89,7 +89,13 @@ case "${1:-}" in
     echo 19 > /proc/self/autogroup
     cd "$FROZEN" || exit 2
     export PYTHONPATH=$FROZEN PYTHON=$PY CAL_ROOT=$root SEARCH_DIR=$search OMP_WAIT_POLICY=PASSIVE OUT=$RUNS/out-$name
-    nice -n 19 bash bench/gpu_calibration.sh "$CAL_MODE" || exit $?
+    # Once decided, the calibration is closed: run again, its ladder would take the second search's
+    # finds (new measures in the grid) as measures to calibrate.
+    if grep -q '"decision"' "$root/logs/calibrate.out" 2>/dev/null; then
+      echo "the calibration decided before ($root/logs/calibrate.out): on to the second search"
+    else
+      nice -n 19 bash bench/gpu_calibration.sh "$CAL_MODE" || exit $?
+    fi
     first=$(for f in "$MAIN"/docs/evidence-runs/calibration-*/logs/calibrate.out; do
       case "$f" in */"$name"/*) continue ;; esac
       grep -q '"decision"' "$f" 2>/dev/null && basename "$(dirname "$(dirname "$f")")"

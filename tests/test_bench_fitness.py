@@ -198,6 +198,30 @@ def test_the_calibration_runners_status_counts_cells_and_the_time_left(tmp_path)
                         "finished cell); then the ladder")
 
 
+@pytest.mark.parametrize("decided", [True, False])
+def test_the_calibration_runners_chain_runs_the_calibration_only_until_it_has_decided(tmp_path, decided):
+    # Run again after its decision, the calibration's ladder took the second search's finds (new measures in
+    # the grid) for measures to calibrate: the chain goes straight to the second search once decided.
+    frozen, runs = tmp_path / "frozen", tmp_path / "runs"
+    (frozen / "bench").mkdir(parents=True)
+    for script in ("gpu_calibration.sh", "second_search.sh"):
+        (frozen / "bench" / script).write_text(f'echo "ran {script} $*" >> "{tmp_path}/calls"\n')
+    logs = runs / "calibration-cpu-xeon" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "calibrate.out").write_text('{"decision": {"search_flags": []}}\n' if decided else "| no decision |\n")
+    kind = "Intel(R) Xeon(R) Processor; torch AVX512; refimpl avx512-vpopcntdq\nemeraldrapids"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nprintf '{kind}\\n'\n")
+    fake.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "RUNS": str(runs), "FROZEN": str(frozen),
+           "CAL_MODE": "--cpu", "S2_MODE": ""}
+    r = subprocess.run(["bash", str(ROOT / "bench" / "calibration_runner.sh"), "chain", "calibration-cpu-xeon"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    calls = [line.strip() for line in (tmp_path / "calls").read_text().splitlines()]
+    assert ("ran gpu_calibration.sh --cpu" in calls) == (not decided), calls
+
+
 @pytest.mark.parametrize("args, env, message", [
     (["--bogus"], {}, "error: unknown option '--bogus'; give --cpu, --cpu-smoke or nothing"),
     ([], {"BNN_DATA_DIR": "/nonexistent/fm"},
