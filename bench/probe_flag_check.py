@@ -15,7 +15,6 @@ exact test, one-sided (flagged measures fail more often).
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -61,31 +60,45 @@ def plan() -> tuple[list[str], list[str]]:
     return groups[True], groups[False]
 
 
+# The plan's recipe, as the journal's protocol line records it (--train-size 0 is null: every image).
+RECIPE = {"dataset": "fashion-mnist", "model": "mnist_net", "epochs": 6, "train_size": None, "milestones": [4, 5],
+          "measure_impl": "eager"}
+
+
 def read(root: str) -> dict:
-    """The cells of the plan's measures in ``root``: each one's outcome, the 2x2 and Fisher's test."""
+    """The cells of the plan's measures in ``root`` (binary downsampling, raw counts, seed 0): each one's
+    outcome, the 2x2 and Fisher's test. The journal is read as ``bnn.evidence`` reads it (under the root's
+    lock, every line checked); one trained with another recipe, or on two CPU kinds, is a ``GridError``."""
     from scipy.stats import fisher_exact
 
-    cells = {}
-    with open(os.path.join(root, "journal.jsonl")) as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a torn last line of a killed run
-            if isinstance(row, dict) and "key" in row:
-                cells[(row["measure"], row["counts"])] = row  # the last line of a key wins
+    from bnn.evidence.grid import lock_root
+    from bnn.evidence.journal import GridError, read_journal
+
+    with lock_root(root):
+        protocol, done = read_journal(os.path.join(root, "journal.jsonl"), lambda m: print(m, file=sys.stderr))
+    if protocol is None:
+        raise GridError(f"{root} has an empty journal; give the root the plan's cells were trained in")
+    wrong = {k: protocol.get(k) for k, v in RECIPE.items() if protocol.get(k) != v}
+    if wrong:
+        raise GridError(f"{root} was trained with {wrong}, not the plan's recipe {RECIPE}")
+    cells = {r["measure"]: r for r in done.values()
+             if (r["downsample"], r.get("counts", COUNTS), r["seed"]) == ("binary", COUNTS, 0)}
     flag, clean = plan()
     out = {"cells": [], "missing": []}
     table = {True: [0, 0], False: [0, 0]}  # flagged -> [failed, trained]
     for genome in flag + clean:
-        row = cells.get((genome, COUNTS))
-        if row is None or row.get("status") not in ("ok", "diverged"):
+        row = cells.get(genome)
+        if row is None or row["status"] not in ("ok", "diverged"):
             out["missing"].append(genome)
             continue
         failed = row["status"] == "diverged" or row["test_acc"] < FAILED_BELOW
         table[genome in flag][0 if failed else 1] += 1
         out["cells"].append({"genome": genome, "flagged": genome in flag, "status": row["status"],
-                             "test_acc": row.get("test_acc"), "failed": failed})
+                             "test_acc": row.get("test_acc"), "failed": failed, "cpu_kind": row.get("cpu_kind")})
+    kinds = sorted({str(c["cpu_kind"]) for c in out["cells"]})
+    if len(kinds) > 1:  # a cell on another CPU kind is another experiment (docs/evidence.md)
+        raise GridError(f"{root} holds the plan's cells from {len(kinds)} CPU kinds ({', '.join(kinds)}); "
+                        "the plan runs on one")
     out["table"] = {"flagged": table[True], "not_flagged": table[False]}
     out["fisher_one_sided_p"] = float(fisher_exact([table[True], table[False]], alternative="greater")[1])
     return out
@@ -105,7 +118,12 @@ def main(argv=None) -> int:
         return 0
     if not os.path.isfile(os.path.join(args.read, "journal.jsonl")):
         p.error(f"no journal.jsonl in {args.read}; give the root the plan's cells were trained in")
-    out = read(args.read)
+    from bnn.evidence.journal import GridError
+
+    try:
+        out = read(args.read)
+    except GridError as exc:
+        p.error(str(exc))
     for c in out["cells"]:
         acc = "-" if c["test_acc"] is None else f"{100 * c['test_acc']:.2f}%"
         print(f"{c['genome']:<22} {'flagged' if c['flagged'] else 'not flagged':<12} {c['status']:<9} {acc:>7}  "
@@ -115,6 +133,8 @@ def main(argv=None) -> int:
           f"{t['not_flagged'][1]} trained; Fisher's exact test, one-sided: p = {out['fisher_one_sided_p']:.4f}")
     if out["missing"]:
         print(f"not yet trained: {len(out['missing'])} of {2 * PER_GROUP}: {', '.join(out['missing'])}")
+    kinds = sorted({str(c["cpu_kind"]) for c in out["cells"]})
+    print(f"cells: binary downsampling, {COUNTS} counts, seed 0, the plan's recipe; CPU: {', '.join(kinds) or '-'}")
     return 0
 
 

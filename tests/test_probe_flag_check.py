@@ -47,15 +47,22 @@ def test_the_flag_agrees_with_torchs_measure_on_the_probe_tuples(drawn):
         assert bool(torch.isfinite(y).all()) == (genome in clean), genome
 
 
-def _journal(tmp_path, rows):
-    (tmp_path / "journal.jsonl").write_text('{"protocol": {}}\n' + "".join(json.dumps(r) + "\n" for r in rows)
-                                            + '{"key": "torn')
+PROTOCOL = {"model": "mnist_net", "dataset": "fashion-mnist", "epochs": 6, "batch_size": 128, "lr": 0.005,
+            "val_size": None, "train_size": None, "milestones": [4, 5], "gamma": 0.2, "split_seed": 0,
+            "measure_impl": "eager"}
+
+
+def _journal(tmp_path, rows, protocol=PROTOCOL):
+    line = json.dumps({"kind": "protocol", "version": 1, "protocol": protocol})
+    (tmp_path / "journal.jsonl").write_text(line + "\n" + "".join(json.dumps(r) + "\n" for r in rows)
+                                            + '{"key": "torn')  # a kill's torn last line
     return tmp_path
 
 
-def _cell(genome, status, acc):
-    return {"key": f"{genome}/binary/raw/s0", "measure": genome, "counts": "raw", "seed": 0, "status": status,
-            "test_acc": acc}
+def _cell(genome, status, acc, kind="Some CPU; torch AVX2; refimpl avx2"):
+    return {"key": f"{genome}/binary/s0", "measure": genome, "genome": genome, "downsample": "binary",
+            "counts": "raw", "seed": 0, "status": status, "test_acc": acc, "val_acc": 0.0 if acc is None else acc,
+            "cpu_kind": kind}
 
 
 def test_read_counts_failures_and_gives_fishers_one_sided_test(tmp_path, drawn):
@@ -82,9 +89,23 @@ def test_read_prints_each_cell_and_the_verdicts_numbers(tmp_path, drawn):
     assert lines[1].split() == [clean[0], "not", "flagged", "ok", "87.12%", "trained"]
     assert lines[2] == "flagged: 1 failed, 0 trained; not flagged: 0 failed, 1 trained; Fisher's exact test, one-sided: p = 0.5000"
     assert lines[3].startswith("not yet trained: 14 of 16: ")
+    assert lines[4] == "cells: binary downsampling, raw counts, seed 0, the plan's recipe; CPU: Some CPU; torch AVX2; refimpl avx2"
 
 
 def test_read_refuses_a_root_without_a_journal_in_one_line(tmp_path):
     r = run_main(check.main, "--read", tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().endswith(f"error: no journal.jsonl in {tmp_path}; give the root the plan's cells were trained in")
+
+
+@pytest.mark.parametrize("rows, protocol, message", [
+    ([], dict(PROTOCOL, epochs=2), "was trained with {'epochs': 2}, not the plan's recipe"),
+    ([_cell("7-16-15-8-5-4-9", "ok", 0.8), _cell("12-2-2-16-1-2-9", "ok", 0.8, kind="Other CPU")], PROTOCOL,
+     "holds the plan's cells from 2 CPU kinds (Other CPU, Some CPU; torch AVX2; refimpl avx2); the plan runs on one"),
+    ([{"key": "7-16-15-8-5-4-9/binary/s0", "measure": "M1"}], PROTOCOL, "line 2 is not a cell of this grid"),
+])
+def test_read_refuses_another_recipe_two_cpu_kinds_or_a_bad_line_in_one_line(tmp_path, rows, protocol, message):
+    r = run_main(check.main, "--read", _journal(tmp_path, rows, protocol))
+    assert r.returncode == 2 and r.stdout == ""
+    err = r.stderr.strip().splitlines()
+    assert message in err[-1] and all("ignored a torn last line" in line for line in err[:-1]), r.stderr
