@@ -31,16 +31,13 @@ baseline's step against 1.19x eager; docs/performance.md).
 
 Compile time: each kernel is a serial task over a range of (image, channel) rows, run in parallel
 by refimpl's ``run_tasks``, the engine's own scheme (refimpl/engine/task_call.py): a Numba
-parallel loop per genome compiled 2.5x longer than the serial task. A genome's own module still
-takes about 2.5 s of CPU to compile. The untabled kernels, which only tests run (training's counts
-are integers, so it takes the tables), come from the one module of every genome
-(``bnn/nn/measure_generic.py``: the genome as data, the same bits, nothing to compile); that module
-also has tabled kernels with the own module's bits, but its training step is 2.3-2.6x slower
-(docs/performance.md), so training keeps each genome's own.
+parallel loop per genome compiled 2.5x longer than the serial task, and with one module per
+genome and convention these compiles were most of the test suite's cold time (docs/performance.md).
 """
 from __future__ import annotations
 
 import ast
+import math
 import threading
 import types
 
@@ -56,11 +53,109 @@ from refimpl.engine.epilogue import compile_module, convention_vector
 from refimpl.engine.task_call import run_tasks, task_address
 from refimpl.genome import Genome
 
-from . import measure_generic
-from .measure_program import Program
-
 _COUNTS = ("a", "b", "c", "d")
 _ALPHAS = ("al0", "al1", "al2", "al3")
+_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+_CALLS = {"exp": "math.exp", "log": "math.log", "sqrt": "math.sqrt", "sin": "math.sin", "cos": "math.cos",
+          "tan": "math.tan", "atan": "math.atan", "erf": "math.erf", "erfc": "math.erfc", "abs": "abs",
+          "max": "nan_max", "min": "nan_min"}
+_TWO_OVER_SQRT_PI = repr(2.0 / math.sqrt(math.pi))
+
+
+class _Program:
+    """The measure as straight-line code: one statement per node, and its reverse pass."""
+
+    def __init__(self, tree: ast.expr, prefix: str = "v"):
+        self.prefix = prefix
+        self.lines: list[str] = []  # forward statements
+        self.deps: dict[str, set] = {}  # value name -> the variables it depends on
+        self.nodes: list[tuple] = []  # (value, kind, operands) in evaluation order
+        self.root = self._emit(tree)
+
+    def _value(self, kind, operands, text) -> str:
+        name = f"{self.prefix}{len(self.nodes)}"
+        self.lines.append(f"{name} = {text}")
+        self.nodes.append((name, kind, operands))
+        self.deps[name] = set().union(*(self.deps.get(x, set()) for x in operands if isinstance(x, str)))
+        return name
+
+    def _emit(self, node) -> str:
+        if isinstance(node, ast.Name):
+            self.deps.setdefault(node.id, {node.id})
+            return node.id
+        if isinstance(node, ast.Constant):
+            return f"F({float(node.value)!r})"
+        if isinstance(node, ast.UnaryOp):  # USub only, in the table
+            x = self._emit(node.operand)
+            return self._value("neg", (x,), f"-{x}")
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            x, k = self._emit(node.left), float(node.right.value)
+            # torch's pow by 2 and 3 is x*x and x*x*x (bit for bit); glibc's powf is a slow call
+            text = {2.0: f"{x} * {x}", 3.0: f"{x} * {x} * {x}"}.get(k, f"{x} ** F({k!r})")
+            return self._value("pow", (x, k), text)
+        if isinstance(node, ast.BinOp):
+            x, y = self._emit(node.left), self._emit(node.right)
+            return self._value(type(node.op).__name__, (x, y), f"{x} {_OPS[type(node.op)]} {y}")
+        name = node.func.id
+        args = [self._emit(a) for a in node.args]
+        return self._value(name, tuple(args), f"{_CALLS[name]}({', '.join(args)})")
+
+    def reverse(self) -> tuple[list[str], set]:
+        """(statements that set ``G_<name>`` for every variable the measure depends on, given
+        ``G_<root>``, and that set of variables)."""
+        lines, have = [], {self.root}
+
+        def add(target, text):
+            if target not in self.deps or not self.deps[target]:
+                return  # a constant subtree: no gradient
+            lines.append(f"G_{target} = G_{target} + ({text})" if target in have else f"G_{target} = {text}")
+            have.add(target)
+
+        for name, kind, ops in reversed(self.nodes):
+            if name not in have:
+                continue
+            g = f"G_{name}"
+            x = ops[0]
+            y = ops[1] if len(ops) > 1 else None
+            if kind == "Add":
+                add(x, g)
+                add(y, g)
+            elif kind == "Sub":
+                add(x, g)
+                add(y, f"-{g}")
+            elif kind == "Mult":
+                add(x, f"{g} * {y}")
+                add(y, f"{g} * {x}")
+            elif kind == "Div":
+                add(x, f"{g} / {y}")
+                add(y, f"-{g} * {x} / ({y} * {y})")
+            elif kind == "pow":
+                add(x, f"{g} * (F({y!r}) * {x} ** F({y - 1.0!r}))")
+            elif kind == "neg":
+                add(x, f"-{g}")
+            else:
+                add(x, _CALL_GRADIENT[kind](g, x, y, name))
+                if kind in ("max", "min"):
+                    add(y, _CALL_GRADIENT[kind + "_y"](g, x, y, name))
+        return lines, self.deps[self.root] if self.root in self.deps else set()
+
+
+_CALL_GRADIENT = {
+    "exp": lambda g, x, y, v: f"{g} * {v}",
+    "log": lambda g, x, y, v: f"{g} / {x}",
+    "sqrt": lambda g, x, y, v: f"{g} / (F(2.0) * {v})",
+    "sin": lambda g, x, y, v: f"{g} * math.cos({x})",
+    "cos": lambda g, x, y, v: f"{g} * -math.sin({x})",
+    "tan": lambda g, x, y, v: f"{g} * (F(1.0) + {v} * {v})",
+    "atan": lambda g, x, y, v: f"{g} / ({x} * {x} + F(1.0))",
+    "erf": lambda g, x, y, v: f"F({_TWO_OVER_SQRT_PI}) * math.exp(-({x} * {x})) * {g}",
+    "erfc": lambda g, x, y, v: f"-F({_TWO_OVER_SQRT_PI}) * math.exp(-({x} * {x})) * {g}",
+    "abs": lambda g, x, y, v: f"{g} * np.sign({x})",
+    "max": lambda g, x, y, v: f"F(0.0) if {x} < {y} else ({g} / F(2.0) if {x} == {y} else {g})",
+    "max_y": lambda g, x, y, v: f"F(0.0) if {x} > {y} else ({g} / F(2.0) if {x} == {y} else {g})",
+    "min": lambda g, x, y, v: f"F(0.0) if {x} > {y} else ({g} / F(2.0) if {x} == {y} else {g})",
+    "min_y": lambda g, x, y, v: f"F(0.0) if {x} < {y} else ({g} / F(2.0) if {x} == {y} else {g})",
+}
 
 
 # Every convention is (x + p) / (n * q + r) (refimpl.conventions.affine): the converted tasks take
@@ -90,7 +185,7 @@ def _table_builder(found) -> list[str]:
              "    for r in range(out.shape[1]):", "        N = F(ns[r])", f"        {_DENOMINATOR}",
              "        for x in range(out.shape[2]):"]
     for k, (count, node) in enumerate(found):
-        sub = Program(node, prefix=f"t{k}_")
+        sub = _Program(node, prefix=f"t{k}_")
         reverse, _ = sub.reverse()
         convert, _ = _conversion(count)
         lines += [f"            x_{count} = F(x)", *[f"            {line}" for line in convert],
@@ -144,7 +239,7 @@ def generate(genome, tabled: bool = False) -> str:
     found = split(tree)[1] if tabled else []
     if tabled:
         tree = split(tree)[0]
-    prog = Program(tree)
+    prog = _Program(tree)
     reverse, used = prog.reverse()
     counts_used = _per_element(used, found, True)["counts_used"]
     root = prog.root if prog.root in {n for n, _, _ in prog.nodes} else f"F(0.0) + {prog.root}"
@@ -225,17 +320,12 @@ _PARTS_PER_THREAD = 4
 _COMPILE_LOCK = threading.Lock()
 
 
-def module(genome, tabled: bool = False, generic: bool | None = None):
-    """The kernels of ``genome`` for every count convention. ``generic`` (default: untabled only):
-    the one module of every genome (``bnn/nn/measure_generic.py``: the same bits, no compile, but a
-    2.3-2.6x slower training step tabled), where it takes the genome; else the genome's own module,
-    generated into the engine's epilogue cache folder and compiled on first use (about 2.5 s)."""
+def module(genome, tabled: bool = False):
+    """The compiled module of ``genome``, for every count convention (generated into the engine's
+    epilogue cache folder)."""
     g = Genome.parse(genome)
-    generic = not tabled if generic is None else generic
-    key = (str(g), tabled) if generic == (not tabled) else (str(g), tabled, "generic" if generic else "own")
-    if key not in _MODULES and generic:
-        _MODULES[key] = measure_generic.kernels(g, tabled)
-    if _MODULES.get(key) is None:
+    key = (str(g), tabled)
+    if key not in _MODULES:
         import hashlib
 
         text = generate(g, tabled)
@@ -258,11 +348,8 @@ def _task(mod, name: str) -> int:
 
 
 def _run(mod, name: str, rows: int, *args) -> None:
-    parts = _PARTS_PER_THREAD * numba_threads()
-    if isinstance(mod, measure_generic.GenomeKernels):
-        mod.run(name, parts, rows, *args)
-    else:
-        run_tasks(_task(mod, name), parts, rows, *args)
+    threads = numba_threads()
+    run_tasks(_task(mod, name), _PARTS_PER_THREAD * threads, rows, *args)
 
 
 def tables(mod, ns, counts: str = DEFAULT_COUNTS) -> tuple:
@@ -346,16 +433,16 @@ class _FusedMeasure(torch.autograd.Function):
 
 
 def apply(genome, a, b, c, d, alpha, counts: str = DEFAULT_COUNTS, n=None, tabled: bool = False,
-          clip: float | None = None, generic: bool | None = None):
+          clip: float | None = None):
     """The fused measure of the counts a..d as counted (float32 CPU, (N, C, ...)), converted by the
     convention ``counts`` in windows of sizes ``n`` (an int, or a tensor broadcastable to the counts'
     spatial shape; needed by freq and laplace, and by ``tabled``, whose counts must be integers in
     [0, n]); ``clip``: the gradients reaching the converted counts with NaN as 0 and clamped to
-    [-clip, clip] (bnn.nn.layers.clip_measure_grad), None: as they are; ``generic``: ``module``'s."""
+    [-clip, clip] (bnn.nn.layers.clip_measure_grad), None: as they are."""
     check_counts(counts)
     if n is None and counts != DEFAULT_COUNTS:
         raise ValueError(f"{counts} counts need the window sizes n")
-    mod = module(genome, tabled, generic)
+    mod = module(genome, tabled)
     size = a[0, 0].numel() if a.dim() >= 2 else 1
     return _FusedMeasure.apply(mod, _geometry(mod, counts, n, size), clip, a, b, c, d, alpha)
 
