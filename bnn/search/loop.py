@@ -60,9 +60,11 @@ class SearchConfig:
     model: str = "digits_net"
     downsample: str = "binary"  # binary | real: shortcut of units that change size or width (docs/design.md section 6)
     counts: str = "raw"  # the count convention of every candidate (refimpl/conventions.py; not a gene)
-    # How the measure runs in a fitness training (bnn.settings.MEASURE_IMPLS). Eager, unlike bnn.train:
-    # every candidate is a new genome, and fused compiles two kernels per genome (~3.8 s), more than
-    # it saves in a fitness training of seconds (digits: 5.3-7.5 s fused against 4.7-5.0 s eager).
+    # How the measure runs in a fitness training (bnn.settings.MEASURE_IMPLS). Eager, unlike bnn.train, the
+    # path of every search and calibration run of docs/evidence.md. Every candidate is a new genome whose fused
+    # kernels compile first (about 1 s on the 2-core Xeon); with that compile, fused took 0.74x eager's CPU
+    # under raw counts and 0.98x under laplace (digits fitness, 8 random genomes each:
+    # bench/bench_search_measure.py, docs/performance.md), not yet measured on the AVX2 host.
     measure_impl: str = "eager"
     epochs: int = FITNESS.epochs
     population: int = PAPER_POPULATION
