@@ -40,8 +40,10 @@ def _converted_genomes():
     # Under freq and laplace a table is the raw one's code after the conversion: every unary code
     # once (_sum_genomes: 5 genomes, 4 tables each), the gate operators whose 1 + exp(-y) is tabled
     # (binary codes 10 and 11 in B2 and B3), and M5, M9. Raw keeps the 18-genome Latin square (every
-    # code in every slot). Each (genome, convention) compiles two modules of ~2 s: the whole square
-    # under three conventions was 5 min of a fresh CI clone's CPU.
+    # code in every slot). A genome's raw and converted tasks compile apart (forward and backward,
+    # about 1 s each on the Xeon): the square under freq and laplace too took this file and
+    # test_measure_impl.py from 47.6 to 65.7 s cold (2026-12-08), and found one case needing rtol 2e-5
+    # there (11-12-13-14-11-2-7 under freq: 1.3e-5 where its y / (x + y) nearly cancels).
     return _sum_genomes() + ["5-6-7-8-5-10-1", "6-7-8-9-6-11-2", "0-1-2-3-0-5-10", "M5", "M9", "3-0-0-0-8-9-0"]
 
 
