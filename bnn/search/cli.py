@@ -113,9 +113,9 @@ def _add_training_flags(t) -> None:
                         "equations), freq (a/n, ...) or laplace ((a+1)/(n+4), ...)")
     t.add_argument("--measure-impl", choices=MEASURE_IMPLS,
                    help="how the measure runs in a fitness training (bnn.train --measure-impl): eager (the search's "
-                        "default, the path of the documented runs) or fused (each new genome's kernels compile "
-                        "first, about 1 s; on a digits fitness 0.74x eager's CPU under raw counts, 0.98x under "
-                        "laplace: bench/bench_search_measure.py); fixed by the journal on --resume")
+                        "default) or fused (each new genome's kernels compile first, about 1 s: 1.21x the default "
+                        "search's time, 0.74x eager's for 15-epoch trainings under raw counts; "
+                        "bench/bench_search_measure.py); fixed by the journal on --resume")
     t.add_argument("--epochs", type=_positive, help=f"epochs of a full fitness training (digits preset: {PRESETS['digits']['epochs']}, "
                                                     f"paper: {FITNESS.epochs})")
     t.add_argument("--batch-size", type=_positive, help=f"batch size (default {FITNESS.batch_size})")

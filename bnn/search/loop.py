@@ -60,11 +60,10 @@ class SearchConfig:
     model: str = "digits_net"
     downsample: str = "binary"  # binary | real: shortcut of units that change size or width (docs/design.md section 6)
     counts: str = "raw"  # the count convention of every candidate (refimpl/conventions.py; not a gene)
-    # How the measure runs in a fitness training (bnn.settings.MEASURE_IMPLS). Eager, unlike bnn.train, the
-    # path of every search and calibration run of docs/evidence.md. Every candidate is a new genome whose fused
-    # kernels compile first (about 1 s on the 2-core Xeon); with that compile, fused took 0.74x eager's CPU
-    # under raw counts and 0.98x under laplace (digits fitness, 8 random genomes each:
-    # bench/bench_search_measure.py, docs/performance.md), not yet measured on the AVX2 host.
+    # How the measure runs in a fitness training (bnn.settings.MEASURE_IMPLS). Eager, unlike bnn.train: every
+    # candidate is a new genome whose fused kernels compile first (about 1 s on the 2-core Xeon), and the
+    # default search's trainings take seconds: fused made it 1.21x slower (bench/bench_search_measure.py).
+    # Fused pays off in long fitness trainings under raw counts (15 epochs: 0.74x; docs/performance.md).
     measure_impl: str = "eager"
     epochs: int = FITNESS.epochs
     population: int = PAPER_POPULATION
