@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     p = OneLineParser(prog="bench/bench_search_measure.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=positive_int, default=2, help="whole searches per path (default 2)")
     args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    if "--measure-impl" in extra or "--run-dir" in extra:
+    if any(a.split("=")[0] in ("--measure-impl", "--run-dir") for a in extra):
         p.error("the arguments after -- are the search's own; the benchmark sets --measure-impl and --run-dir")
     print(f"host: {machine()}; refimpl kernel path {current_path()}")
     print(f"python -m bnn.search --no-progress {' '.join(extra)}".rstrip() + ", an empty measure cache each run")

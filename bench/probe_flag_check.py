@@ -95,7 +95,7 @@ def read(root: str) -> dict:
         table[genome in flag][0 if failed else 1] += 1
         out["cells"].append({"genome": genome, "flagged": genome in flag, "status": row["status"],
                              "test_acc": row.get("test_acc"), "failed": failed, "cpu_kind": row.get("cpu_kind")})
-    kinds = sorted({str(c["cpu_kind"]) for c in out["cells"]})
+    kinds = out["cpu_kinds"] = sorted({str(c["cpu_kind"]) for c in out["cells"]})
     if len(kinds) > 1:  # a cell on another CPU kind is another experiment (docs/evidence.md)
         raise GridError(f"{root} holds the plan's cells from {len(kinds)} CPU kinds ({', '.join(kinds)}); "
                         "the plan runs on one")
@@ -133,8 +133,7 @@ def main(argv=None) -> int:
           f"{t['not_flagged'][1]} trained; Fisher's exact test, one-sided: p = {out['fisher_one_sided_p']:.4f}")
     if out["missing"]:
         print(f"not yet trained: {len(out['missing'])} of {2 * PER_GROUP}: {', '.join(out['missing'])}")
-    kinds = sorted({str(c["cpu_kind"]) for c in out["cells"]})
-    print(f"cells: binary downsampling, {COUNTS} counts, seed 0, the plan's recipe; CPU: {', '.join(kinds) or '-'}")
+    print(f"cells: binary downsampling, {COUNTS} counts, seed 0, the plan's recipe; CPU: {', '.join(out['cpu_kinds']) or '-'}")
     return 0
 
 

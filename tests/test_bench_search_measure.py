@@ -38,5 +38,6 @@ def test_a_failed_search_stops_the_run_in_one_line():
 def test_bad_arguments_are_refused():
     with pytest.raises(SystemExit):
         bench_search_measure.main(["--repeats", "0"])
-    with pytest.raises(SystemExit):
-        bench_search_measure.main(["--", "--measure-impl", "fused"])
+    for extra in (["--measure-impl", "fused"], ["--run-dir=x"]):
+        with pytest.raises(SystemExit):
+            bench_search_measure.main(["--", *extra])
